@@ -1,0 +1,42 @@
+"""Configuration objects of the compiler: ``EdgeCompileConfig`` and ``ExecutorchBackendConfig``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+#: Ops kept whole (not decomposed) by default. ``scaled_dot_product_attention`` decomposes into ~25 nodes
+#: with a costly "safe softmax" tail; kept whole it runs through ATen's fused CPU kernel.
+DEFAULT_PRESERVED_OPS: tuple = (torch.ops.aten.scaled_dot_product_attention.default,)
+
+
+@dataclass
+class EdgeCompileConfig:
+    """How ``to_edge`` turns an ATen program into the edge dialect.
+
+    ``preserve_ops``: ATen ops left whole by decomposition (default: ``DEFAULT_PRESERVED_OPS``).
+    ``_check_ir_validity``: run the edge verifier (rejects ops the runtime cannot execute).
+    ``_skip_dim_order``: accepted for compatibility with the reference API; edgetorch keeps strides.
+    """
+
+    preserve_ops: tuple = DEFAULT_PRESERVED_OPS
+    _check_ir_validity: bool = True
+    _skip_dim_order: bool = True
+    _core_aten_ops_exception_list: list = field(default_factory=list)
+
+
+@dataclass
+class ExecutorchBackendConfig:
+    """How ``to_executorch`` plans memory and emits the program.
+
+    ``alignment``: byte alignment of every planned tensor in the arena (64).
+    ``memory_planning_algo``: "greedy" tries several greedy orders and keeps the smallest arena.
+    ``emit_stacktrace``: store each instruction's source line in the program.
+    ``extract_delegate_segments``: accepted for compatibility; delegate blobs always live in segments.
+    """
+
+    alignment: int = 64
+    memory_planning_algo: str = "greedy"
+    emit_stacktrace: bool = True
+    extract_delegate_segments: bool = True

@@ -1,0 +1,87 @@
+"""Debug handles: one int per source op, kept in ``node.meta["custom"]["debug_handle"]``.
+
+The key lives under ``meta["custom"]`` because torch.export copies that dict onto every node produced while
+retracing, so all edge nodes decomposed from one ATen op share the handle, and it survives
+``torch.export.save/load``.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+
+import torch
+from torch.export import ExportedProgram
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)\n(?P<code>[^\n]*)')
+
+
+def get_debug_handle(node: torch.fx.Node) -> int | None:
+    custom = node.meta.get("custom")
+    if isinstance(custom, dict):
+        h = custom.get("debug_handle")
+        if isinstance(h, int):
+            return h
+    return None
+
+
+def set_debug_handle(node: torch.fx.Node, handle: int) -> None:
+    custom = node.meta.get("custom")
+    custom = dict(custom) if isinstance(custom, dict) else {}
+    custom["debug_handle"] = handle
+    node.meta["custom"] = custom
+
+
+def _op_nodes(gm: torch.fx.GraphModule):
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is not operator.getitem:
+            yield node
+
+
+def assign_debug_handles(ep: ExportedProgram) -> int:
+    """Gives every op node of an ATen program a handle (dense, from 1, graph order); idempotent.
+
+    Nodes that already carry a handle keep it. Returns the largest handle.
+    """
+    nodes = list(_op_nodes(ep.graph_module))
+    top = max((get_debug_handle(n) or 0 for n in nodes), default=0)
+    for n in nodes:
+        if get_debug_handle(n) is None:
+            top += 1
+            set_debug_handle(n, top)
+    return top
+
+
+def fill_missing_debug_handles(gm: torch.fx.GraphModule) -> None:
+    """Edge nodes created by passes (not derived from a source op) get fresh handles after the largest."""
+    nodes = list(_op_nodes(gm))
+    top = max((get_debug_handle(n) or 0 for n in nodes), default=0)
+    for n in nodes:
+        if get_debug_handle(n) is None:
+            top += 1
+            set_debug_handle(n, top)
+    # getitem nodes share the handle of the multi-output node they read from
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is operator.getitem:
+            src = node.args[0]
+            if isinstance(src, torch.fx.Node) and get_debug_handle(src) is not None:
+                set_debug_handle(node, get_debug_handle(src))
+
+
+def source_frames(stack_trace: str | None) -> list[tuple[str, int, str, str]]:
+    """Parses a node's stack trace into (file, line, function, code) frames, outermost first."""
+    if not stack_trace:
+        return []
+    return [(m["file"], int(m["line"]), m["fn"].strip(), m["code"].strip()) for m in _FRAME_RE.finditer(stack_trace)]
+
+
+def source_location(stack_trace: str | None) -> str:
+    """The innermost frame of user code (outside torch) as ``file:line in fn: code``; "" if unknown."""
+    frames = source_frames(stack_trace)
+    if not frames:
+        return ""
+    user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+    file, line, fn, code = (user or frames)[-1]
+    return f"{file}:{line} in {fn}: {code}"

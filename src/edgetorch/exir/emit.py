@@ -1,0 +1,363 @@
+"""Emission: an edge ExportedProgram becomes one execution plan (values, instructions, memory plan).
+
+Reads the graph without mutating it (the ETRecord holds the same program). Every tensor produced by a
+kernel gets a slot in the method's arena; view ops become aliases of their base (evaluated once when the
+runtime loads the method); ops without an out variant run functionally and their result is copied into the
+planned slot. Constants go to the shared segment area (deduplicated, 64-byte aligned).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from edgetorch.errors import ExportError
+from edgetorch.exir.debug_handles import get_debug_handle, source_location
+from edgetorch.exir.memory_planning import Buffer, MemoryPlan, plan_memory
+from edgetorch.exir.op_variants import is_view_op, out_variant
+from edgetorch.exir.verifier import _IGNORED_TARGETS
+from edgetorch.formats import program as pf
+from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, code_dtype, dtype_code, storage_nbytes
+
+
+class ConstantPool:
+    """Constant tensors shared by every method of a program, placed in the segment area."""
+
+    def __init__(self, layout: pf.SegmentLayout) -> None:
+        self.layout = layout
+        self.table: list[int] = []  # constant index -> segment range index
+        self._keep: list[torch.Tensor] = []
+        self._index: dict = {}
+
+    def add(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Returns (constant index, the contiguous tensor stored); the same tensor is stored once."""
+        t = t.detach()
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        if key in self._index:
+            return self._index[key]
+        c = t.contiguous()
+        raw = c.reshape(-1).view(torch.uint8).numpy() if c.numel() else b""
+        self._keep.append(c)
+        self.table.append(self.layout.add(raw))
+        self._index[key] = (len(self.table) - 1, c)
+        return self._index[key]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return [self.layout.ranges[i] for i in self.table]
+
+
+class DelegatePool:
+    """Delegate blobs shared by every method, deduplicated by content."""
+
+    def __init__(self, layout: pf.SegmentLayout) -> None:
+        self.layout = layout
+        self.table: list[int] = []
+        self._by_range: dict[int, int] = {}
+
+    def add(self, blob: bytes) -> int:
+        r = self.layout.add(blob, dedup_key=b"delegate:" + hashlib.sha256(blob).digest())
+        if r not in self._by_range:
+            self.table.append(r)
+            self._by_range[r] = len(self.table) - 1
+        return self._by_range[r]
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return [self.layout.ranges[i] for i in self.table]
+
+
+@dataclass
+class EmittedMethod:
+    plan: pf.PlanDef
+    memory_plan: MemoryPlan
+    debug_handle_map: dict[int, int | list[int]]
+    delegate_map: dict[int, dict]
+    instruction_id_to_num_outs: dict[int, int]
+
+
+def _tensor_def(v: torch.Tensor, placement: int, constant_index: int = -1) -> pf.TensorDef:
+    sizes = [int(s) for s in v.shape]
+    strides = [int(s) for s in v.stride()]
+    so = int(v.storage_offset())
+    nbytes = storage_nbytes(sizes, strides, so, v.element_size())
+    return pf.TensorDef(dtype_code(v.dtype), sizes, strides, so, placement, nbytes, -1, constant_index)
+
+
+class _MethodEmitter:
+    def __init__(self, ep: ExportedProgram, name: str, constants: ConstantPool, delegates: DelegatePool | None,
+                 alignment: int, emit_stacktrace: bool) -> None:
+        self.ep = ep
+        self.name = name
+        self.constants = constants
+        self.delegate_pool = delegates
+        self.alignment = alignment
+        self.emit_stacktrace = emit_stacktrace
+        self.values: list = []
+        self.node_values: dict[torch.fx.Node, int | list[int]] = {}
+        self.operators: list[pf.OperatorDef] = []
+        self._op_index: dict[tuple[str, str], int] = {}
+        self.delegates: list[pf.BackendDelegateDef] = []
+        self.instructions: list[pf.InstructionDef] = []
+        self.alias_root: dict[int, int] = {}
+        self.first_use: dict[int, int] = {}
+        self.last_use: dict[int, int] = {}
+        self.planned: list[int] = []
+        self.inputs: list[int] = []
+        self.debug_handle_map: dict[int, int | list[int]] = {}
+        self.delegate_map: dict[int, dict] = {}
+        self.num_outs: dict[int, int] = {}
+        self._null: int | None = None
+
+    # -- values ---------------------------------------------------------------------------------------
+    def add_value(self, v) -> int:
+        self.values.append(v)
+        return len(self.values) - 1
+
+    def null(self) -> int:
+        if self._null is None:
+            self._null = self.add_value(None)
+        return self._null
+
+    def root(self, vid: int) -> int:
+        return self.alias_root.get(vid, vid)
+
+    def use(self, vid: int, at: int) -> None:
+        r = self.root(vid)
+        if r in self.last_use:
+            self.last_use[r] = max(self.last_use[r], at)
+
+    def _node_tensor(self, n: torch.fx.Node) -> int:
+        v = self.node_values.get(n)
+        if v is None:
+            raise ExportError(f"method '{self.name}': node '{n.name}' is used before it is defined")
+        if isinstance(v, list):
+            raise ExportError(f"method '{self.name}': node '{n.name}' is a multi-output value used as a tensor")
+        return v
+
+    def convert_arg(self, a, typ: torch._C.JitType, uses: list[int]) -> int:
+        if isinstance(a, torch.fx.Node):
+            vid = self._node_tensor(a)
+            uses.append(vid)
+            return vid
+        if a is None:
+            return self.null()
+        if isinstance(a, (list, tuple)):
+            tstr = str(typ)
+            if any(isinstance(x, torch.fx.Node) for x in a) or "Tensor" in tstr:
+                if "Tensor?" in tstr:
+                    items = []
+                    for x in a:
+                        if x is None:
+                            items.append(-1)
+                        else:
+                            items.append(self._node_tensor(x))
+                            uses.append(items[-1])
+                    return self.add_value(pf.OptionalTensorListV(tuple(items)))
+                items = [self._node_tensor(x) for x in a]
+                uses.extend(items)
+                return self.add_value(pf.TensorListV(tuple(items)))
+            if tstr.startswith("float") or any(isinstance(x, float) for x in a):
+                return self.add_value(pf.DoubleListV(tuple(float(x) for x in a)))
+            if tstr.startswith("bool"):
+                return self.add_value(pf.BoolListV(tuple(bool(x) for x in a)))
+            return self.add_value(pf.IntListV(tuple(int(x) for x in a)))
+        if isinstance(a, torch.dtype):
+            return self.add_value(pf.DtypeV(dtype_code(a)))
+        if isinstance(a, torch.layout):
+            return self.add_value(pf.LayoutV(LAYOUTS[a]))
+        if isinstance(a, torch.memory_format):
+            return self.add_value(pf.MemoryFormatV(MEMORY_FORMATS[a]))
+        if isinstance(a, torch.device):
+            return self.add_value(pf.DeviceV(str(a)))
+        if isinstance(a, (bool, int, float, str)):
+            return self.add_value(a)
+        raise ExportError(f"method '{self.name}': cannot emit argument {a!r} of type {type(a).__name__}")
+
+    def operator_index(self, op: torch._ops.OpOverload) -> int:
+        key = (op._schema.name, op._overloadname)
+        if key not in self._op_index:
+            self._op_index[key] = len(self.operators)
+            self.operators.append(pf.OperatorDef(*key))
+        return self._op_index[key]
+
+    # -- nodes ----------------------------------------------------------------------------------------
+    def emit_placeholders(self) -> None:
+        sig = self.ep.graph_signature
+        specs = {s.arg.name: s for s in sig.input_specs}
+        for node in self.ep.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            spec = specs[node.name]
+            val = node.meta.get("val")
+            if spec.kind == InputKind.USER_INPUT:
+                vid = self.add_value(_tensor_def(val, pf.PLACEMENT_PLANNED))
+                self.planned.append(vid)
+                self.first_use[vid] = -1
+                self.last_use[vid] = -1
+                self.inputs.append(vid)
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                target = spec.target
+                if target in self.ep.state_dict:
+                    data = self.ep.state_dict[target]
+                elif target in self.ep.constants:
+                    data = self.ep.constants[target]
+                else:
+                    raise ExportError(f"method '{self.name}': constant '{target}' of input '{node.name}' has no data")
+                if not isinstance(data, torch.Tensor):
+                    raise ExportError(f"method '{self.name}': constant '{target}' is a {type(data).__name__}, "
+                                      "only tensors are supported")
+                idx, stored = self.constants.add(data)
+                vid = self.add_value(_tensor_def(stored, pf.PLACEMENT_CONSTANT, idx))
+            else:
+                raise ExportError(f"method '{self.name}': input '{node.name}' of kind {spec.kind.name} "
+                                  "is not supported")
+            self.node_values[node] = vid
+
+    def _new_outputs(self, node: torch.fx.Node, placement: int, at: int) -> list[int]:
+        val = node.meta.get("val")
+        vals = list(val) if isinstance(val, (list, tuple)) else [val]
+        out = []
+        for v in vals:
+            if not isinstance(v, torch.Tensor):
+                raise ExportError(f"method '{self.name}': node '{node.name}' output is {type(v).__name__}, "
+                                  "expected a tensor")
+            vid = self.add_value(_tensor_def(v, placement))
+            if placement == pf.PLACEMENT_PLANNED:
+                self.planned.append(vid)
+                self.first_use[vid] = at
+                self.last_use[vid] = at
+            out.append(vid)
+        return out
+
+    def _debug_info(self, node: torch.fx.Node) -> tuple[int, str]:
+        h = get_debug_handle(node) or 0
+        src = source_location(node.meta.get("stack_trace")) if self.emit_stacktrace else ""
+        return h, src
+
+    def emit_kernel(self, node: torch.fx.Node) -> None:
+        op: torch._ops.OpOverload = node.target
+        at = len(self.instructions)
+        schema = op._schema
+        uses: list[int] = []
+        args = []
+        for i, sa in enumerate(schema.arguments):
+            if i < len(node.args):
+                a = node.args[i]
+            elif sa.name in node.kwargs:
+                a = node.kwargs[sa.name]
+            elif sa.has_default_value():
+                a = sa.default_value
+            else:
+                raise ExportError(f"method '{self.name}': node '{node.name}' ({op}) lacks argument '{sa.name}'")
+            args.append(self.convert_arg(a, sa.type, uses))
+        if is_view_op(op):
+            kind, target = pf.CALL_VIEW, op
+            outs = self._new_outputs(node, pf.PLACEMENT_ALIAS, at)
+            base = uses[0]
+            for o in outs:
+                self.alias_root[o] = self.root(base)
+        else:
+            ov = out_variant(op)
+            kind, target = (pf.CALL_OUT, ov) if ov is not None else (pf.CALL_FUNCTIONAL_COPY, op)
+            outs = self._new_outputs(node, pf.PLACEMENT_PLANNED, at)
+        for u in uses:
+            self.use(u, at)
+        h, src = self._debug_info(node)
+        self.instructions.append(pf.InstructionDef(
+            pf.KernelCallDef(self.operator_index(target), kind, args, outs), node.name, h, src))
+        self.debug_handle_map[at] = h
+        val = node.meta.get("val")
+        self.node_values[node] = outs if isinstance(val, (list, tuple)) else outs[0]
+
+    def emit_delegate(self, node: torch.fx.Node) -> None:
+        from edgetorch.exir.backend.lowered import LoweredBackendModule  # delegation is optional
+
+        lowered: LoweredBackendModule = node.args[0]
+        if self.delegate_pool is None:
+            raise ExportError("delegate calls need a delegate pool")
+        at = len(self.instructions)
+        uses: list[int] = []
+        args = [self.convert_arg(a, torch._C.TensorType.get(), uses) for a in node.args[1:]]
+        outs = self._new_outputs(node, pf.PLACEMENT_PLANNED, at)
+        for u in uses:
+            self.use(u, at)
+        blob = self.delegate_pool.add(lowered.processed_bytes)
+        self.delegates.append(pf.BackendDelegateDef(lowered.backend_id, blob, list(lowered.compile_specs)))
+        h, src = self._debug_info(node)
+        self.instructions.append(pf.InstructionDef(
+            pf.DelegateCallDef(len(self.delegates) - 1, args, outs), node.name, h, src))
+        self.debug_handle_map[at] = lowered.debug_handles()
+        self.delegate_map[at] = {"name": lowered.backend_id,
+                                 "delegate_map": {k: list(v) for k, v in lowered.debug_handle_map.items()}}
+        self.num_outs[at] = len(outs)
+        val = node.meta.get("val")
+        self.node_values[node] = outs if isinstance(val, (list, tuple)) else outs[0]
+
+    def emit(self) -> EmittedMethod:
+        self.emit_placeholders()
+        out_node = None
+        for node in self.ep.graph.nodes:
+            if node.op == "call_function":
+                if node.target is operator.getitem:
+                    src, idx = node.args
+                    vals = self.node_values[src]
+                    self.node_values[node] = vals[idx] if isinstance(vals, list) else vals
+                elif node.target in _IGNORED_TARGETS:
+                    continue
+                elif getattr(node.target, "_edgetorch_delegate_call", False):
+                    self.emit_delegate(node)
+                else:
+                    self.emit_kernel(node)
+            elif node.op == "output":
+                out_node = node
+            elif node.op != "placeholder":
+                raise ExportError(f"method '{self.name}': cannot emit node '{node.name}' ({node.op})")
+        end = len(self.instructions)
+        outputs = []
+        for a in pytree.tree_leaves(out_node.args[0]) if out_node is not None else []:
+            if isinstance(a, torch.fx.Node):
+                vid = self._node_tensor(a)
+                self.use(vid, end)
+            else:
+                vid = self.convert_arg(a, torch._C.NoneType.get(), [])
+            outputs.append(vid)
+        # memory plan
+        buffers = [Buffer(v, self.values[v].nbytes, self.first_use[v], self.last_use[v]) for v in self.planned]
+        mp = plan_memory(buffers, self.alignment)
+        for v, off in mp.offsets.items():
+            self.values[v].arena_offset = off
+        debug_bytes = 0
+        for ins in self.instructions:
+            for o in ins.call.outputs:
+                t = self.values[o]
+                numel = 1
+                for s in t.sizes:
+                    numel *= s
+                itemsize = code_dtype(t.scalar_type).itemsize
+                debug_bytes += pf.align(numel * itemsize)
+        sig = self.ep.graph_signature
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            in_spec = pytree.treespec_dumps(self.ep.call_spec.in_spec)
+            out_spec = pytree.treespec_dumps(self.ep.call_spec.out_spec)
+        output_names = [getattr(s.arg, "name", str(s.arg)) for s in sig.output_specs]
+        plan = pf.PlanDef(
+            name=self.name, values=self.values, inputs=self.inputs, outputs=outputs,
+            input_spec=in_spec, output_spec=out_spec,
+            input_names=[s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT],
+            output_names=output_names[:len(outputs)] + [f"output_{i}" for i in range(len(output_names), len(outputs))],
+            operators=self.operators, delegates=self.delegates, instructions=self.instructions,
+            arena_size=mp.arena_size, debug_buffer_bytes=debug_bytes)
+        return EmittedMethod(plan, mp, self.debug_handle_map, self.delegate_map, self.num_outs)
+
+
+def emit_method(ep: ExportedProgram, name: str, constants: ConstantPool, delegates: DelegatePool | None = None,
+                alignment: int = 64, emit_stacktrace: bool = True) -> EmittedMethod:
+    """Emits one method of a program; constants and delegate blobs go to the shared pools."""
+    return _MethodEmitter(ep, name, constants, delegates, alignment, emit_stacktrace).emit()

@@ -1,0 +1,42 @@
+"""Scalar-type codes shared by every format (numbered like c10::ScalarType) and their torch dtypes."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPE_TO_CODE: dict[torch.dtype, int] = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
+    torch.float32: 6, torch.float64: 7, torch.complex32: 8, torch.complex64: 9, torch.complex128: 10,
+    torch.bool: 11, torch.qint8: 12, torch.quint8: 13, torch.qint32: 14, torch.bfloat16: 15,
+    torch.uint16: 27, torch.uint32: 28, torch.uint64: 29,
+}
+CODE_TO_DTYPE: dict[int, torch.dtype] = {v: k for k, v in DTYPE_TO_CODE.items()}
+
+MEMORY_FORMATS: dict[torch.memory_format, int] = {
+    torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2, torch.channels_last_3d: 3,
+}
+CODE_TO_MEMORY_FORMAT = {v: k for k, v in MEMORY_FORMATS.items()}
+LAYOUTS: dict[torch.layout, int] = {torch.strided: 0, torch.sparse_coo: 1}
+CODE_TO_LAYOUT = {v: k for k, v in LAYOUTS.items()}
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    try:
+        return DTYPE_TO_CODE[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} has no scalar-type code in edgetorch formats") from None
+
+
+def code_dtype(code: int) -> torch.dtype:
+    try:
+        return CODE_TO_DTYPE[code]
+    except KeyError:
+        raise ValueError(f"unknown scalar-type code {code}") from None
+
+
+def storage_nbytes(sizes, strides, storage_offset: int, itemsize: int) -> int:
+    """Bytes from the storage start to one past the last element (0 for empty tensors)."""
+    if any(s == 0 for s in sizes):
+        return 0
+    last = storage_offset + sum((s - 1) * st for s, st in zip(sizes, strides))
+    return (last + 1) * itemsize

@@ -1,0 +1,739 @@
+"""The edgetorch program file (.pte): in-memory mirror, the one writer and the one reader.
+
+Layout of a file (all integers little-endian)::
+
+    [0, 128)            file header (``HEADER`` below)
+    [128, 128 + fb)     flatbuffer ``Program`` (schema/program.fbs, identifier "EDTP")
+    [seg_base, end)     segment area: constant tensors and delegate blobs, each 64-byte aligned
+
+The header carries the schema version, the flatbuffer and segment extents and a SHA-256 content
+hash of everything after the header. Readers validate the header first (``Verification.Minimal``),
+then optionally every index, offset and size (``check_consistency``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Iterable, Sequence
+
+import flatbuffers
+
+from edgetorch.formats._generated import program_generated as fb
+from edgetorch.formats.errors import ProgramFormatError
+
+MAGIC = b"EDGTPROG"
+FB_IDENTIFIER = b"EDTP"
+HEADER_VERSION = 1
+PROGRAM_SCHEMA_VERSION = 1
+HEADER = struct.Struct("<8sIIQQQQ32s")  # magic, header ver, schema ver, fb off, fb size, seg off, seg size, hash
+HEADER_SIZE = 128
+ALIGNMENT = 64
+
+
+def align(n: int, a: int = ALIGNMENT) -> int:
+    return (n + a - 1) // a * a
+
+
+# ----------------------------------------------------------------------------------------------
+# In-memory mirror of the schema
+# ----------------------------------------------------------------------------------------------
+
+PLACEMENT_PLANNED = fb.TensorPlacement.PLANNED
+PLACEMENT_CONSTANT = fb.TensorPlacement.CONSTANT
+PLACEMENT_ALIAS = fb.TensorPlacement.ALIAS
+PLACEMENT_DYNAMIC = fb.TensorPlacement.DYNAMIC
+
+CALL_OUT = fb.CallKind.OUT
+CALL_FUNCTIONAL_COPY = fb.CallKind.FUNCTIONAL_COPY
+CALL_VIEW = fb.CallKind.VIEW
+CALL_FUNCTIONAL = fb.CallKind.FUNCTIONAL
+CALL_KIND_NAMES = {CALL_OUT: "OUT", CALL_FUNCTIONAL_COPY: "FUNCTIONAL_COPY", CALL_VIEW: "VIEW",
+                   CALL_FUNCTIONAL: "FUNCTIONAL"}
+
+
+@dataclass
+class TensorDef:
+    scalar_type: int
+    sizes: list[int]
+    strides: list[int]
+    storage_offset: int
+    placement: int
+    nbytes: int
+    arena_offset: int = -1
+    constant_index: int = -1
+
+
+@dataclass(frozen=True)
+class IntListV:
+    items: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DoubleListV:
+    items: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class BoolListV:
+    items: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class TensorListV:
+    items: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OptionalTensorListV:
+    items: tuple[int, ...]  # -1 = None
+
+
+@dataclass(frozen=True)
+class DtypeV:
+    scalar_type: int
+
+
+@dataclass(frozen=True)
+class LayoutV:
+    value: int
+
+
+@dataclass(frozen=True)
+class MemoryFormatV:
+    value: int
+
+
+@dataclass(frozen=True)
+class DeviceV:
+    value: str
+
+
+# A value is one of: None, bool, int, float, str, TensorDef, or one of the *V wrappers above.
+Value = Any
+
+
+@dataclass(frozen=True)
+class OperatorDef:
+    name: str  # "aten::addmm"
+    overload: str  # "out"
+
+
+@dataclass
+class KernelCallDef:
+    op_index: int
+    kind: int
+    args: list[int]
+    outputs: list[int]
+
+
+@dataclass
+class DelegateCallDef:
+    delegate_index: int
+    args: list[int]
+    outputs: list[int]
+
+
+@dataclass
+class InstructionDef:
+    call: KernelCallDef | DelegateCallDef
+    node_name: str = ""
+    debug_handle: int = 0
+    source: str = ""
+
+
+@dataclass
+class BackendDelegateDef:
+    backend_id: str
+    data_index: int
+    compile_specs: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+@dataclass
+class PlanDef:
+    name: str
+    values: list[Value]
+    inputs: list[int]
+    outputs: list[int]
+    input_spec: str
+    output_spec: str
+    input_names: list[str]
+    output_names: list[str]
+    operators: list[OperatorDef]
+    delegates: list[BackendDelegateDef]
+    instructions: list[InstructionDef]
+    arena_size: int
+    debug_buffer_bytes: int
+
+
+@dataclass
+class ProgramDef:
+    plans: list[PlanDef]
+    constants: list[tuple[int, int]]  # (offset, size) in the segment area
+    delegate_data: list[tuple[int, int]]
+    version: int = PROGRAM_SCHEMA_VERSION
+
+    def plan(self, name: str) -> PlanDef:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writer
+# ----------------------------------------------------------------------------------------------
+
+def _vec(b: flatbuffers.Builder, start, items: Sequence, prepend) -> int:
+    start(b, len(items))
+    for x in reversed(items):
+        prepend(x)
+    return b.EndVector()
+
+
+def _long_vec(b, start, items):
+    return _vec(b, start, items, b.PrependInt64)
+
+
+def _int_vec(b, start, items):
+    return _vec(b, start, items, b.PrependInt32)
+
+
+def _offset_vec(b, start, offsets):
+    return _vec(b, start, offsets, b.PrependUOffsetTRelative)
+
+
+def _strings(b, start, strings):
+    offs = [b.CreateString(s) for s in strings]
+    return _offset_vec(b, start, offs)
+
+
+def _write_value(b: flatbuffers.Builder, v: Value) -> tuple[int, int]:
+    """Builds the union member for ``v``; returns (union type, offset)."""
+    K = fb.KernelTypes
+    if v is None:
+        fb.NullStart(b)
+        return K.Null, fb.NullEnd(b)
+    if isinstance(v, TensorDef):
+        sizes = _long_vec(b, fb.TensorStartSizesVector, v.sizes)
+        strides = _long_vec(b, fb.TensorStartStridesVector, v.strides)
+        fb.TensorStart(b)
+        fb.TensorAddScalarType(b, v.scalar_type)
+        fb.TensorAddSizes(b, sizes)
+        fb.TensorAddStrides(b, strides)
+        fb.TensorAddStorageOffset(b, v.storage_offset)
+        fb.TensorAddPlacement(b, v.placement)
+        fb.TensorAddArenaOffset(b, v.arena_offset)
+        fb.TensorAddNbytes(b, v.nbytes)
+        fb.TensorAddConstantIndex(b, v.constant_index)
+        return K.Tensor, fb.TensorEnd(b)
+    if isinstance(v, bool):
+        fb.BoolStart(b)
+        fb.BoolAddValue(b, v)
+        return K.Bool, fb.BoolEnd(b)
+    if isinstance(v, int):
+        fb.IntStart(b)
+        fb.IntAddValue(b, v)
+        return K.Int, fb.IntEnd(b)
+    if isinstance(v, float):
+        fb.DoubleStart(b)
+        fb.DoubleAddValue(b, v)
+        return K.Double, fb.DoubleEnd(b)
+    if isinstance(v, str):
+        s = b.CreateString(v)
+        fb.StringStart(b)
+        fb.StringAddValue(b, s)
+        return K.String, fb.StringEnd(b)
+    if isinstance(v, IntListV):
+        items = _long_vec(b, fb.IntListStartItemsVector, v.items)
+        fb.IntListStart(b)
+        fb.IntListAddItems(b, items)
+        return K.IntList, fb.IntListEnd(b)
+    if isinstance(v, DoubleListV):
+        items = _vec(b, fb.DoubleListStartItemsVector, v.items, b.PrependFloat64)
+        fb.DoubleListStart(b)
+        fb.DoubleListAddItems(b, items)
+        return K.DoubleList, fb.DoubleListEnd(b)
+    if isinstance(v, BoolListV):
+        items = _vec(b, fb.BoolListStartItemsVector, v.items, b.PrependBool)
+        fb.BoolListStart(b)
+        fb.BoolListAddItems(b, items)
+        return K.BoolList, fb.BoolListEnd(b)
+    if isinstance(v, TensorListV):
+        items = _int_vec(b, fb.TensorListStartItemsVector, v.items)
+        fb.TensorListStart(b)
+        fb.TensorListAddItems(b, items)
+        return K.TensorList, fb.TensorListEnd(b)
+    if isinstance(v, OptionalTensorListV):
+        items = _int_vec(b, fb.OptionalTensorListStartItemsVector, v.items)
+        fb.OptionalTensorListStart(b)
+        fb.OptionalTensorListAddItems(b, items)
+        return K.OptionalTensorList, fb.OptionalTensorListEnd(b)
+    if isinstance(v, DtypeV):
+        fb.DtypeStart(b)
+        fb.DtypeAddScalarType(b, v.scalar_type)
+        return K.Dtype, fb.DtypeEnd(b)
+    if isinstance(v, LayoutV):
+        fb.LayoutStart(b)
+        fb.LayoutAddValue(b, v.value)
+        return K.Layout, fb.LayoutEnd(b)
+    if isinstance(v, MemoryFormatV):
+        fb.MemoryFormatStart(b)
+        fb.MemoryFormatAddValue(b, v.value)
+        return K.MemoryFormat, fb.MemoryFormatEnd(b)
+    if isinstance(v, DeviceV):
+        s = b.CreateString(v.value)
+        fb.DeviceStart(b)
+        fb.DeviceAddValue(b, s)
+        return K.Device, fb.DeviceEnd(b)
+    raise TypeError(f"cannot serialize value of type {type(v).__name__}: {v!r}")
+
+
+def _write_plan(b: flatbuffers.Builder, p: PlanDef) -> int:
+    value_offs = []
+    for v in p.values:
+        t, off = _write_value(b, v)
+        fb.EValueStart(b)
+        fb.EValueAddValType(b, t)
+        fb.EValueAddVal(b, off)
+        value_offs.append(fb.EValueEnd(b))
+    values = _offset_vec(b, fb.ExecutionPlanStartValuesVector, value_offs)
+
+    op_offs = []
+    for op in p.operators:
+        n, o = b.CreateString(op.name), b.CreateString(op.overload)
+        fb.OperatorStart(b)
+        fb.OperatorAddName(b, n)
+        fb.OperatorAddOverload(b, o)
+        op_offs.append(fb.OperatorEnd(b))
+    operators = _offset_vec(b, fb.ExecutionPlanStartOperatorsVector, op_offs)
+
+    del_offs = []
+    for d in p.delegates:
+        spec_offs = []
+        for key, value in d.compile_specs:
+            k = b.CreateString(key)
+            val = b.CreateByteVector(bytes(value))
+            fb.CompileSpecStart(b)
+            fb.CompileSpecAddKey(b, k)
+            fb.CompileSpecAddValue(b, val)
+            spec_offs.append(fb.CompileSpecEnd(b))
+        specs = _offset_vec(b, fb.BackendDelegateStartCompileSpecsVector, spec_offs)
+        bid = b.CreateString(d.backend_id)
+        fb.BackendDelegateStart(b)
+        fb.BackendDelegateAddBackendId(b, bid)
+        fb.BackendDelegateAddDataIndex(b, d.data_index)
+        fb.BackendDelegateAddCompileSpecs(b, specs)
+        del_offs.append(fb.BackendDelegateEnd(b))
+    delegates = _offset_vec(b, fb.ExecutionPlanStartDelegatesVector, del_offs)
+
+    instr_offs = []
+    for ins in p.instructions:
+        c = ins.call
+        if isinstance(c, KernelCallDef):
+            args = _int_vec(b, fb.KernelCallStartArgsVector, c.args)
+            outs = _int_vec(b, fb.KernelCallStartOutputsVector, c.outputs)
+            fb.KernelCallStart(b)
+            fb.KernelCallAddOpIndex(b, c.op_index)
+            fb.KernelCallAddKind(b, c.kind)
+            fb.KernelCallAddArgs(b, args)
+            fb.KernelCallAddOutputs(b, outs)
+            call_off, call_t = fb.KernelCallEnd(b), fb.InstructionArguments.KernelCall
+        else:
+            args = _int_vec(b, fb.DelegateCallStartArgsVector, c.args)
+            outs = _int_vec(b, fb.DelegateCallStartOutputsVector, c.outputs)
+            fb.DelegateCallStart(b)
+            fb.DelegateCallAddDelegateIndex(b, c.delegate_index)
+            fb.DelegateCallAddArgs(b, args)
+            fb.DelegateCallAddOutputs(b, outs)
+            call_off, call_t = fb.DelegateCallEnd(b), fb.InstructionArguments.DelegateCall
+        name, src = b.CreateString(ins.node_name), b.CreateString(ins.source)
+        fb.InstructionStart(b)
+        fb.InstructionAddInstrArgsType(b, call_t)
+        fb.InstructionAddInstrArgs(b, call_off)
+        fb.InstructionAddNodeName(b, name)
+        fb.InstructionAddDebugHandle(b, ins.debug_handle)
+        fb.InstructionAddSource(b, src)
+        instr_offs.append(fb.InstructionEnd(b))
+    instructions = _offset_vec(b, fb.ExecutionPlanStartInstructionsVector, instr_offs)
+
+    inputs = _int_vec(b, fb.ExecutionPlanStartInputsVector, p.inputs)
+    outputs = _int_vec(b, fb.ExecutionPlanStartOutputsVector, p.outputs)
+    in_names = _strings(b, fb.ExecutionPlanStartInputNamesVector, p.input_names)
+    out_names = _strings(b, fb.ExecutionPlanStartOutputNamesVector, p.output_names)
+    name = b.CreateString(p.name)
+    in_spec = b.CreateString(p.input_spec)
+    out_spec = b.CreateString(p.output_spec)
+    fb.ExecutionPlanStart(b)
+    fb.ExecutionPlanAddName(b, name)
+    fb.ExecutionPlanAddValues(b, values)
+    fb.ExecutionPlanAddInputs(b, inputs)
+    fb.ExecutionPlanAddOutputs(b, outputs)
+    fb.ExecutionPlanAddInputSpec(b, in_spec)
+    fb.ExecutionPlanAddOutputSpec(b, out_spec)
+    fb.ExecutionPlanAddInputNames(b, in_names)
+    fb.ExecutionPlanAddOutputNames(b, out_names)
+    fb.ExecutionPlanAddOperators(b, operators)
+    fb.ExecutionPlanAddDelegates(b, delegates)
+    fb.ExecutionPlanAddInstructions(b, instructions)
+    fb.ExecutionPlanAddArenaSize(b, p.arena_size)
+    fb.ExecutionPlanAddDebugBufferBytes(b, p.debug_buffer_bytes)
+    return fb.ExecutionPlanEnd(b)
+
+
+def _ranges(b, start, ranges):
+    start(b, len(ranges))
+    for off, size in reversed(ranges):
+        fb.CreateDataRange(b, off, size)
+    return b.EndVector()
+
+
+def encode_flatbuffer(program: ProgramDef) -> bytes:
+    b = flatbuffers.Builder(1 << 16)
+    plans = [_write_plan(b, p) for p in program.plans]
+    plans_vec = _offset_vec(b, fb.ProgramStartExecutionPlansVector, plans)
+    consts = _ranges(b, fb.ProgramStartConstantsVector, program.constants)
+    dels = _ranges(b, fb.ProgramStartDelegateDataVector, program.delegate_data)
+    fb.ProgramStart(b)
+    fb.ProgramAddVersion(b, program.version)
+    fb.ProgramAddExecutionPlans(b, plans_vec)
+    fb.ProgramAddConstants(b, consts)
+    fb.ProgramAddDelegateData(b, dels)
+    root = fb.ProgramEnd(b)
+    b.Finish(root, file_identifier=FB_IDENTIFIER)
+    return bytes(b.Output())
+
+
+class SegmentLayout:
+    """Places byte blobs in the segment area, 64-byte aligned, deduplicating identical blobs by hash."""
+
+    def __init__(self) -> None:
+        self.blobs: list[memoryview] = []
+        self.ranges: list[tuple[int, int]] = []
+        self.size = 0
+        self._by_hash: dict[bytes, int] = {}
+
+    def add(self, data: memoryview | bytes, dedup_key: bytes | None = None) -> int:
+        """Adds a blob; returns its index into ``ranges`` (shared with an identical earlier blob)."""
+        if dedup_key is not None and dedup_key in self._by_hash:
+            return self._by_hash[dedup_key]
+        mv = memoryview(data).cast("B")
+        off = align(self.size)
+        self.blobs.append(mv)
+        self.ranges.append((off, mv.nbytes))
+        self.size = off + mv.nbytes
+        idx = len(self.ranges) - 1
+        if dedup_key is not None:
+            self._by_hash[dedup_key] = idx
+        return idx
+
+    def chunks(self) -> Iterable[bytes | memoryview]:
+        """The segment area as consecutive chunks (blobs and zero padding)."""
+        pos = 0
+        for (off, size), mv in zip(self.ranges, self.blobs):
+            if size == 0:
+                continue
+            if off > pos:
+                yield b"\0" * (off - pos)
+            yield mv
+            pos = off + size
+
+
+def build_file_parts(program: ProgramDef, segments: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Returns the chunks of a complete .pte file (header first) for ``program`` and its segment data."""
+    fbuf = encode_flatbuffer(program)
+    seg_off = align(HEADER_SIZE + len(fbuf))
+    seg_size = sum(memoryview(s).nbytes for s in segments)
+    pad = b"\0" * (seg_off - HEADER_SIZE - len(fbuf))
+    h = hashlib.sha256()
+    h.update(fbuf)
+    h.update(pad)
+    for s in segments:
+        h.update(s)
+    header = HEADER.pack(MAGIC, HEADER_VERSION, program.version, HEADER_SIZE, len(fbuf), seg_off, seg_size,
+                         h.digest())
+    header += b"\0" * (HEADER_SIZE - len(header))
+    return [header, fbuf, pad, *segments]
+
+
+def write_program(f: BinaryIO, program: ProgramDef, segments: Sequence[bytes | memoryview]) -> str:
+    """Writes a .pte to an open binary file; returns the content hash (hex)."""
+    parts = build_file_parts(program, segments)
+    for p in parts:
+        f.write(p)
+    return parts[0][HEADER.size - 32:HEADER.size].hex()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reader
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FileHeader:
+    header_version: int
+    schema_version: int
+    flatbuffer_offset: int
+    flatbuffer_size: int
+    segment_offset: int
+    segment_size: int
+    content_hash: str
+
+
+def read_header(buf: memoryview | bytes, what: str = "program") -> FileHeader:
+    """Validates and returns the file header (the ``Minimal`` verification level)."""
+    n = len(buf)
+    if n < HEADER_SIZE:
+        raise ProgramFormatError(f"{what}: file is truncated ({n} bytes, the header alone is {HEADER_SIZE})",
+                                 field="header")
+    magic, hver, sver, fb_off, fb_size, seg_off, seg_size, digest = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise ProgramFormatError(f"{what}: not an edgetorch program (magic {bytes(magic)!r}, expected {MAGIC!r})",
+                                 field="header.magic")
+    if hver != HEADER_VERSION:
+        raise ProgramFormatError(f"{what}: unsupported header version {hver} (this reader knows {HEADER_VERSION})",
+                                 field="header.version")
+    if sver != PROGRAM_SCHEMA_VERSION:
+        raise ProgramFormatError(
+            f"{what}: unsupported program schema version {sver} (this runtime reads {PROGRAM_SCHEMA_VERSION})",
+            field="header.schema_version")
+    if fb_off != HEADER_SIZE or fb_off + fb_size > n:
+        raise ProgramFormatError(
+            f"{what}: flatbuffer [{fb_off}, {fb_off + fb_size}) lies outside the file ({n} bytes): truncated?",
+            field="header.flatbuffer_size")
+    if seg_off < fb_off + fb_size or seg_off + seg_size > n:
+        raise ProgramFormatError(
+            f"{what}: segment area [{seg_off}, {seg_off + seg_size}) lies outside the file ({n} bytes): truncated?",
+            field="header.segment_size")
+    if fb_size < 8 or bytes(buf[fb_off + 4:fb_off + 8]) != FB_IDENTIFIER:
+        raise ProgramFormatError(
+            f"{what}: flatbuffer identifier is {bytes(buf[fb_off + 4:fb_off + 8])!r}, expected {FB_IDENTIFIER!r}",
+            field="flatbuffer.identifier")
+    return FileHeader(hver, sver, fb_off, fb_size, seg_off, seg_size, bytes(digest).hex())
+
+
+def _np_list(getter, length) -> list:
+    if length() == 0:
+        return []
+    return getter().tolist()
+
+
+def _str(x) -> str:
+    return x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else (x or "")
+
+
+def _read_value(ev) -> Value:
+    K = fb.KernelTypes
+    t = ev.ValType()
+    tab = ev.Val()
+    if t == K.Null or t == K.NONE:
+        return None
+    if t == K.Tensor:
+        x = fb.Tensor()
+        x.Init(tab.Bytes, tab.Pos)
+        return TensorDef(x.ScalarType(), _np_list(x.SizesAsNumpy, x.SizesLength),
+                         _np_list(x.StridesAsNumpy, x.StridesLength), x.StorageOffset(), x.Placement(),
+                         x.Nbytes(), x.ArenaOffset(), x.ConstantIndex())
+    if t == K.Int:
+        x = fb.Int()
+        x.Init(tab.Bytes, tab.Pos)
+        return int(x.Value())
+    if t == K.Bool:
+        x = fb.Bool()
+        x.Init(tab.Bytes, tab.Pos)
+        return bool(x.Value())
+    if t == K.Double:
+        x = fb.Double()
+        x.Init(tab.Bytes, tab.Pos)
+        return float(x.Value())
+    if t == K.String:
+        x = fb.String()
+        x.Init(tab.Bytes, tab.Pos)
+        return _str(x.Value())
+    if t == K.IntList:
+        x = fb.IntList()
+        x.Init(tab.Bytes, tab.Pos)
+        return IntListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
+    if t == K.DoubleList:
+        x = fb.DoubleList()
+        x.Init(tab.Bytes, tab.Pos)
+        return DoubleListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
+    if t == K.BoolList:
+        x = fb.BoolList()
+        x.Init(tab.Bytes, tab.Pos)
+        return BoolListV(tuple(bool(i) for i in _np_list(x.ItemsAsNumpy, x.ItemsLength)))
+    if t == K.TensorList:
+        x = fb.TensorList()
+        x.Init(tab.Bytes, tab.Pos)
+        return TensorListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
+    if t == K.OptionalTensorList:
+        x = fb.OptionalTensorList()
+        x.Init(tab.Bytes, tab.Pos)
+        return OptionalTensorListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
+    if t == K.Dtype:
+        x = fb.Dtype()
+        x.Init(tab.Bytes, tab.Pos)
+        return DtypeV(x.ScalarType())
+    if t == K.Layout:
+        x = fb.Layout()
+        x.Init(tab.Bytes, tab.Pos)
+        return LayoutV(x.Value())
+    if t == K.MemoryFormat:
+        x = fb.MemoryFormat()
+        x.Init(tab.Bytes, tab.Pos)
+        return MemoryFormatV(x.Value())
+    if t == K.Device:
+        x = fb.Device()
+        x.Init(tab.Bytes, tab.Pos)
+        return DeviceV(_str(x.Value()))
+    raise ProgramFormatError(f"unknown value type tag {t}", field="values")
+
+
+def _read_plan(p) -> PlanDef:
+    name = _str(p.Name())
+    where = f"plan '{name}'"
+    values = []
+    for i in range(p.ValuesLength()):
+        try:
+            values.append(_read_value(p.Values(i)))
+        except ProgramFormatError as e:
+            raise ProgramFormatError(f"{where}: value {i}: {e.message}", field=f"{name}.values[{i}]") from None
+    operators = []
+    for i in range(p.OperatorsLength()):
+        op = p.Operators(i)
+        operators.append(OperatorDef(_str(op.Name()), _str(op.Overload())))
+    delegates = []
+    for i in range(p.DelegatesLength()):
+        d = p.Delegates(i)
+        specs = []
+        for j in range(d.CompileSpecsLength()):
+            cs = d.CompileSpecs(j)
+            specs.append((_str(cs.Key()), bytes(_np_list(cs.ValueAsNumpy, cs.ValueLength))))
+        delegates.append(BackendDelegateDef(_str(d.BackendId()), d.DataIndex(), specs))
+    instructions = []
+    IA = fb.InstructionArguments
+    for i in range(p.InstructionsLength()):
+        ins = p.Instructions(i)
+        t = ins.InstrArgsType()
+        tab = ins.InstrArgs()
+        if t == IA.KernelCall:
+            c = fb.KernelCall()
+            c.Init(tab.Bytes, tab.Pos)
+            call = KernelCallDef(c.OpIndex(), c.Kind(), _np_list(c.ArgsAsNumpy, c.ArgsLength),
+                                 _np_list(c.OutputsAsNumpy, c.OutputsLength))
+        elif t == IA.DelegateCall:
+            c = fb.DelegateCall()
+            c.Init(tab.Bytes, tab.Pos)
+            call = DelegateCallDef(c.DelegateIndex(), _np_list(c.ArgsAsNumpy, c.ArgsLength),
+                                   _np_list(c.OutputsAsNumpy, c.OutputsLength))
+        else:
+            raise ProgramFormatError(f"{where}: instruction {i} has unknown type tag {t}",
+                                     field=f"{name}.instructions[{i}]")
+        instructions.append(InstructionDef(call, _str(ins.NodeName()), ins.DebugHandle(), _str(ins.Source())))
+    return PlanDef(
+        name=name, values=values,
+        inputs=_np_list(p.InputsAsNumpy, p.InputsLength), outputs=_np_list(p.OutputsAsNumpy, p.OutputsLength),
+        input_spec=_str(p.InputSpec()), output_spec=_str(p.OutputSpec()),
+        input_names=[_str(p.InputNames(i)) for i in range(p.InputNamesLength())],
+        output_names=[_str(p.OutputNames(i)) for i in range(p.OutputNamesLength())],
+        operators=operators, delegates=delegates, instructions=instructions,
+        arena_size=p.ArenaSize(), debug_buffer_bytes=p.DebugBufferBytes())
+
+
+def decode_flatbuffer(fbuf: bytes | memoryview) -> ProgramDef:
+    """Parses the flatbuffer part into a ``ProgramDef``; malformed data raises ``ProgramFormatError``."""
+    data = bytes(fbuf)
+    try:
+        root = fb.Program.GetRootAs(data, 0)
+        plans = [_read_plan(root.ExecutionPlans(i)) for i in range(root.ExecutionPlansLength())]
+        consts = [(root.Constants(i).Offset(), root.Constants(i).Size()) for i in range(root.ConstantsLength())]
+        dels = [(root.DelegateData(i).Offset(), root.DelegateData(i).Size())
+                for i in range(root.DelegateDataLength())]
+        version = root.Version()
+    except ProgramFormatError:
+        raise
+    except Exception as e:  # the generated accessors do no bounds checks
+        raise ProgramFormatError(f"malformed program flatbuffer ({type(e).__name__}: {e})",
+                                 field="flatbuffer") from None
+    return ProgramDef(plans, consts, dels, version)
+
+
+def check_consistency(program: ProgramDef, segment_size: int) -> None:
+    """Checks every index, offset and size against its bounds (``Verification.InternalConsistency``)."""
+
+    def fail(msg: str, fld: str) -> None:
+        raise ProgramFormatError(msg, field=fld)
+
+    for i, (off, size) in enumerate(program.constants):
+        if off % ALIGNMENT or off + size > segment_size:
+            fail(f"constant {i}: range [{off}, {off + size}) is misaligned or outside the segment area "
+                 f"({segment_size} bytes)", f"constants[{i}]")
+    for i, (off, size) in enumerate(program.delegate_data):
+        if off % ALIGNMENT or off + size > segment_size:
+            fail(f"delegate blob {i}: range [{off}, {off + size}) is misaligned or outside the segment area "
+                 f"({segment_size} bytes)", f"delegate_data[{i}]")
+    names = set()
+    for p in program.plans:
+        if p.name in names:
+            fail(f"method '{p.name}' appears twice", "execution_plans")
+        names.add(p.name)
+        nv = len(p.values)
+        where = f"method '{p.name}'"
+
+        def idx(i: int, what: str, fld: str, allow_none: bool = False) -> None:
+            if allow_none and i == -1:
+                return
+            if not 0 <= i < nv:
+                fail(f"{where}: {what} refers to value {i}, but the method has {nv} values", f"{p.name}.{fld}")
+
+        for k, v in enumerate(p.values):
+            if isinstance(v, TensorDef):
+                if len(v.sizes) != len(v.strides):
+                    fail(f"{where}: tensor value {k} has {len(v.sizes)} sizes but {len(v.strides)} strides",
+                         f"{p.name}.values[{k}]")
+                if any(s < 0 for s in v.sizes) or v.nbytes < 0:
+                    fail(f"{where}: tensor value {k} has a negative size", f"{p.name}.values[{k}]")
+                if v.placement == PLACEMENT_PLANNED:
+                    if v.arena_offset < 0 or v.arena_offset + v.nbytes > p.arena_size:
+                        fail(f"{where}: tensor value {k} spans arena bytes [{v.arena_offset}, "
+                             f"{v.arena_offset + v.nbytes}) but the arena has {p.arena_size}",
+                             f"{p.name}.values[{k}].arena_offset")
+                elif v.placement == PLACEMENT_CONSTANT:
+                    if not 0 <= v.constant_index < len(program.constants):
+                        fail(f"{where}: tensor value {k} refers to constant {v.constant_index}, but the program "
+                             f"has {len(program.constants)}", f"{p.name}.values[{k}].constant_index")
+                    if v.nbytes > program.constants[v.constant_index][1]:
+                        fail(f"{where}: tensor value {k} needs {v.nbytes} bytes but constant "
+                             f"{v.constant_index} has {program.constants[v.constant_index][1]}",
+                             f"{p.name}.values[{k}].nbytes")
+                elif v.placement not in (PLACEMENT_ALIAS, PLACEMENT_DYNAMIC):
+                    fail(f"{where}: tensor value {k} has unknown placement {v.placement}", f"{p.name}.values[{k}]")
+            elif isinstance(v, (TensorListV, OptionalTensorListV)):
+                for j in v.items:
+                    idx(j, f"list value {k}", f"values[{k}]", allow_none=isinstance(v, OptionalTensorListV))
+        for j, i in enumerate(p.inputs):
+            idx(i, f"input {j}", f"inputs[{j}]")
+        for j, i in enumerate(p.outputs):
+            idx(i, f"output {j}", f"outputs[{j}]")
+        if len(p.input_names) != len(p.inputs) or len(p.output_names) != len(p.outputs):
+            fail(f"{where}: input/output name tables do not match the input/output lists", f"{p.name}.input_names")
+        for k, ins in enumerate(p.instructions):
+            c = ins.call
+            if isinstance(c, KernelCallDef):
+                if not 0 <= c.op_index < len(p.operators):
+                    fail(f"{where}: instruction {k} calls operator {c.op_index}, but the method has "
+                         f"{len(p.operators)}", f"{p.name}.instructions[{k}].op_index")
+                if c.kind not in CALL_KIND_NAMES:
+                    fail(f"{where}: instruction {k} has unknown call kind {c.kind}", f"{p.name}.instructions[{k}]")
+            else:
+                if not 0 <= c.delegate_index < len(p.delegates):
+                    fail(f"{where}: instruction {k} calls delegate {c.delegate_index}, but the method has "
+                         f"{len(p.delegates)}", f"{p.name}.instructions[{k}].delegate_index")
+            for j in c.args:
+                idx(j, f"instruction {k} ({ins.node_name}) argument", f"instructions[{k}].args", allow_none=True)
+            for j in c.outputs:
+                idx(j, f"instruction {k} ({ins.node_name}) output", f"instructions[{k}].outputs")
+        for k, d in enumerate(p.delegates):
+            if not 0 <= d.data_index < len(program.delegate_data):
+                fail(f"{where}: delegate {k} refers to blob {d.data_index}, but the program has "
+                     f"{len(program.delegate_data)}", f"{p.name}.delegates[{k}].data_index")

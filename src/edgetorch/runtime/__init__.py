@@ -1,0 +1,6 @@
+"""The edgetorch runtime: loads .pte programs and executes their methods. Never imports the compiler."""
+
+from edgetorch.runtime.method import Method, MethodMeta, TensorInfo
+from edgetorch.runtime.program import Program, Runtime, Verification
+
+__all__ = ["Method", "MethodMeta", "Program", "Runtime", "TensorInfo", "Verification"]

@@ -1,0 +1,48 @@
+"""Registry of delegate backends the runtime can execute; backends register a ``BackendRuntime``.
+
+A backend named ``X`` is looked up in the registry, and if absent its module
+``edgetorch.backends.X.runtime`` is imported once (it registers itself on import).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from edgetorch.errors import EdgeTorchError
+
+
+class BackendRuntime(Protocol):
+    name: str
+
+    def init(self, processed: memoryview, compile_specs: dict[str, bytes]) -> Any:
+        """Prepares a delegate blob; returns a handle passed to ``execute``."""
+
+    def execute(self, handle: Any, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                tracer: Any = None) -> None:
+        """Runs the delegate, writing its results into ``outputs`` (planned tensors)."""
+
+
+_REGISTRY: dict[str, BackendRuntime] = {}
+
+
+class BackendNotFoundError(EdgeTorchError, KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def register_backend(backend: BackendRuntime) -> None:
+    _REGISTRY[backend.name] = backend
+
+
+def get_backend(name: str) -> BackendRuntime:
+    if name not in _REGISTRY:
+        try:
+            importlib.import_module(f"edgetorch.backends.{name}.runtime")
+        except ImportError:
+            pass
+    if name not in _REGISTRY:
+        raise BackendNotFoundError(f"backend '{name}' is not registered in this runtime; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]

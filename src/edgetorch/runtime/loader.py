@@ -1,0 +1,72 @@
+"""Turns the ``data`` given to ``load_program`` (path, bytes or file object) into a parsed program.
+
+Paths are memory-mapped (copy-on-write, so tensors made from the mapping are writable without touching the
+file): weights are used in place and paged in on first use.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from edgetorch.errors import ProgramFormatError
+from edgetorch.formats import program as pf
+
+
+@dataclass
+class LoadedFile:
+    buffer: Any  # mmap.mmap | bytes | bytearray: supports the buffer protocol
+    path: str | None
+    header: pf.FileHeader
+    program: pf.ProgramDef
+
+    @property
+    def segment_base(self) -> int:
+        return self.header.segment_offset
+
+
+def read_data(data: Any) -> tuple[Any, str | None]:
+    """Returns (buffer, path) for a path, bytes-like object or binary file object."""
+    if isinstance(data, (str, os.PathLike)):
+        path = os.fspath(data)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    return b"", path
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), path
+        except FileNotFoundError:
+            raise FileNotFoundError(f"program file not found: {path}") from None
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return (bytes(data) if isinstance(data, memoryview) else data), None
+    if isinstance(data, io.IOBase) or hasattr(data, "read"):
+        name = getattr(data, "name", None)
+        try:
+            fileno = data.fileno()
+            if data.seekable() and data.tell() == 0:
+                size = os.fstat(fileno).st_size
+                if size:
+                    return mmap.mmap(fileno, 0, access=mmap.ACCESS_COPY), name if isinstance(name, str) else None
+        except (OSError, AttributeError, io.UnsupportedOperation):
+            pass
+        return data.read(), name if isinstance(name, str) else None
+    raise TypeError(f"load_program expects a path, bytes or a binary file object, got {type(data).__name__}")
+
+
+def parse(buffer: Any, path: str | None, consistency: bool) -> LoadedFile:
+    label = path or "program"
+    try:
+        header = pf.read_header(memoryview(buffer), label)
+        fbuf = memoryview(buffer)[header.flatbuffer_offset:header.flatbuffer_offset + header.flatbuffer_size]
+        program = pf.decode_flatbuffer(fbuf)
+        if consistency:
+            pf.check_consistency(program, header.segment_size)
+    except ProgramFormatError as e:
+        if e.path is None and path is not None:
+            raise ProgramFormatError(e.message if e.message.startswith(label) else e.message, field=e.field,
+                                     path=path) from None
+        raise
+    return LoadedFile(buffer, path, header, program)

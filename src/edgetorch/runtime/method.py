@@ -1,0 +1,371 @@
+"""A loaded method: its values bound to the arena and constants, and its instructions compiled into a flat
+list of calls.
+
+``load_method`` does all the work that does not depend on the inputs: arena tensors are created once with the
+exact sizes/strides the compiler planned, constants are viewed in place from the mapped file, view ops are
+evaluated once (their outputs are fixed aliases of planned or constant storage) and every kernel call is bound
+to its arguments with ``functools.partial``. ``execute`` then copies the inputs into their planned slots, runs
+the calls and clones the outputs out of the arena.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from edgetorch.errors import KernelError, ProgramFormatError, RuntimeInputError
+from edgetorch.formats import program as pf
+from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
+from edgetorch.runtime.backend_registry import get_backend
+from edgetorch.runtime.ops import resolve_operator
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MethodMeta:
+    """What a method takes and returns, and what it costs in memory."""
+
+    name: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo | None, ...]
+    arena_bytes: int
+    num_instructions: int
+    debug_buffer_bytes: int
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name if o else "" for o in self.outputs]
+
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+
+@dataclass
+class InstructionInfo:
+    """What the tracer needs to know about one instruction."""
+
+    index: int
+    name: str  # "native_call_addmm.out" or "DELEGATE_CALL"
+    node_name: str
+    debug_handle: int
+    source: str
+    kind: str  # OUT / FUNCTIONAL_COPY / VIEW / DELEGATE
+    outputs: list[int]
+    delegate_backend: str | None = None
+
+
+class Method:
+    """One method of a loaded program; ``execute`` runs it on new inputs."""
+
+    def __init__(self, program: Any, plan: pf.PlanDef) -> None:
+        self._program = program
+        self._plan = plan
+        self.name = plan.name
+        loaded = program._loaded
+        self._arena = torch.empty(plan.arena_size, dtype=torch.uint8)
+        self._arena_views: dict[torch.dtype, torch.Tensor] = {}
+        self._slots: list[Any] = [None] * len(plan.values)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only bytes object
+            for i, v in enumerate(plan.values):
+                self._slots[i] = self._materialize(i, v, loaded)
+        self.instructions: list[InstructionInfo] = []
+        self._calls: list[Callable[[], Any] | None] = []
+        self._delegate_handles: dict[int, Any] = {}
+        with torch.no_grad():
+            for k, ins in enumerate(plan.instructions):
+                self._calls.append(self._compile(k, ins))
+        self._fast = [(k, c) for k, c in enumerate(self._calls) if c is not None]
+        self._input_slots = [self._slots[i] for i in plan.inputs]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self._in_spec = pytree.treespec_loads(plan.input_spec) if plan.input_spec else None
+            self._out_spec = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None
+        self._meta = self._make_meta()
+        self.tracer: Any = None  # set by the program when ETDump is enabled
+
+    # -- loading ------------------------------------------------------------------------------------
+    def _arena_view(self, dtype: torch.dtype) -> torch.Tensor:
+        t = self._arena_views.get(dtype)
+        if t is None:
+            t = self._arena.view(dtype) if self._arena.numel() else torch.empty(0, dtype=dtype)
+            self._arena_views[dtype] = t
+        return t
+
+    def _materialize(self, i: int, v: Any, loaded: Any) -> Any:
+        if isinstance(v, pf.TensorDef):
+            dtype = code_dtype(v.scalar_type)
+            if v.placement == pf.PLACEMENT_PLANNED:
+                if v.nbytes == 0:
+                    return torch.empty_strided(v.sizes, v.strides, dtype=dtype)
+                base = self._arena_view(dtype)
+                return torch.as_strided(base, v.sizes, v.strides, v.arena_offset // dtype.itemsize + v.storage_offset)
+            if v.placement == pf.PLACEMENT_CONSTANT:
+                off, size = loaded.program.constants[v.constant_index]
+                if v.nbytes == 0:
+                    return torch.empty_strided(v.sizes, v.strides, dtype=dtype)
+                raw = torch.frombuffer(loaded.buffer, dtype=torch.uint8, count=size,
+                                       offset=loaded.segment_base + off)
+                return torch.as_strided(raw.view(dtype), v.sizes, v.strides, v.storage_offset)
+            return None  # ALIAS / DYNAMIC: produced by an instruction
+        if isinstance(v, pf.IntListV):
+            return list(v.items)
+        if isinstance(v, pf.DoubleListV):
+            return list(v.items)
+        if isinstance(v, pf.BoolListV):
+            return list(v.items)
+        if isinstance(v, pf.DtypeV):
+            return code_dtype(v.scalar_type)
+        if isinstance(v, pf.LayoutV):
+            return CODE_TO_LAYOUT[v.value]
+        if isinstance(v, pf.MemoryFormatV):
+            return CODE_TO_MEMORY_FORMAT[v.value]
+        if isinstance(v, pf.DeviceV):
+            return torch.device(v.value)
+        if isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)):
+            return v  # resolved when an instruction binds it (items may be aliases made earlier)
+        return v  # None, bool, int, float, str
+
+    def _arg(self, vid: int) -> Any:
+        x = self._slots[vid]
+        if isinstance(x, pf.TensorListV):
+            return [self._slots[j] for j in x.items]
+        if isinstance(x, pf.OptionalTensorListV):
+            return [None if j < 0 else self._slots[j] for j in x.items]
+        return x
+
+    def _bind(self, k: int, ins: pf.InstructionDef, op: torch._ops.OpOverload) -> tuple[list, dict, list]:
+        c = ins.call
+        schema = op._schema
+        nonout = [a for a in schema.arguments if not a.is_out]
+        outs = [a for a in schema.arguments if a.is_out]
+        if len(c.args) != len(nonout):
+            raise ProgramFormatError(
+                f"method '{self.name}': instruction {k} ({ins.node_name}) passes {len(c.args)} arguments to "
+                f"{op}, whose schema has {len(nonout)}", field=f"{self.name}.instructions[{k}].args")
+        pos, kw = [], {}
+        for sa, vid in zip(nonout, c.args):
+            val = self._arg(vid)
+            if sa.kwarg_only:
+                kw[sa.name] = val
+            else:
+                pos.append(val)
+        return pos, kw, outs
+
+    def _compile(self, k: int, ins: pf.InstructionDef) -> Callable[[], Any] | None:
+        plan = self._plan
+        c = ins.call
+        if isinstance(c, pf.DelegateCallDef):
+            return self._compile_delegate(k, ins)
+        opdef = plan.operators[c.op_index]
+        op = resolve_operator(opdef.name, opdef.overload)
+        pos, kw, out_args = self._bind(k, ins, op)
+        out_tensors = [self._slots[o] for o in c.outputs]
+        kind = pf.CALL_KIND_NAMES.get(c.kind, "?")
+        self.instructions.append(InstructionInfo(
+            k, f"native_call_{opdef.name.split('::')[-1]}.{opdef.overload}", ins.node_name, ins.debug_handle,
+            ins.source, kind, list(c.outputs)))
+        fn = getattr(op, "_op", op)
+        if c.kind == pf.CALL_VIEW:
+            try:
+                r = op(*pos, **kw)
+            except Exception as e:
+                raise self._kernel_error(k, ins, op, e) from None
+            rs = list(r) if isinstance(r, (list, tuple)) else [r]
+            if len(rs) != len(c.outputs):
+                raise ProgramFormatError(f"method '{self.name}': view instruction {k} ({ins.node_name}) made "
+                                         f"{len(rs)} outputs, the program declares {len(c.outputs)}",
+                                         field=f"{self.name}.instructions[{k}].outputs")
+            for o, t in zip(c.outputs, rs):
+                want = plan.values[o]
+                if isinstance(want, pf.TensorDef) and list(t.shape) != want.sizes:
+                    raise ProgramFormatError(
+                        f"method '{self.name}': view instruction {k} ({ins.node_name}) made shape "
+                        f"{list(t.shape)}, the program declares {want.sizes}", field=f"{self.name}.values[{o}]")
+                self._slots[o] = t
+            return None
+        for o, t in zip(c.outputs, out_tensors):
+            if not isinstance(t, torch.Tensor):
+                raise ProgramFormatError(f"method '{self.name}': instruction {k} ({ins.node_name}) writes value {o}, "
+                                         "which is not a planned tensor", field=f"{self.name}.values[{o}]")
+        if c.kind == pf.CALL_OUT:
+            if len(out_args) == 1 and isinstance(out_args[0].type, torch.ListType):
+                kw[out_args[0].name] = out_tensors
+            elif len(out_args) == len(out_tensors):
+                for a, t in zip(out_args, out_tensors):
+                    kw[a.name] = t
+            else:
+                raise ProgramFormatError(f"method '{self.name}': instruction {k} ({ins.node_name}) has "
+                                         f"{len(out_tensors)} outputs but {op} takes {len(out_args)} out arguments",
+                                         field=f"{self.name}.instructions[{k}].outputs")
+            return functools.partial(fn, *pos, **kw)
+        if c.kind == pf.CALL_FUNCTIONAL_COPY:
+            if len(out_tensors) == 1:
+                dst = out_tensors[0]
+
+                def call_copy1(fn=fn, pos=pos, kw=kw, dst=dst):
+                    dst.copy_(fn(*pos, **kw))
+                return call_copy1
+
+            def call_copy(fn=fn, pos=pos, kw=kw, dsts=out_tensors):
+                for d, r in zip(dsts, fn(*pos, **kw)):
+                    d.copy_(r)
+            return call_copy
+        raise ProgramFormatError(f"method '{self.name}': instruction {k} has unsupported call kind {kind}",
+                                 field=f"{self.name}.instructions[{k}].kind")
+
+    def _compile_delegate(self, k: int, ins: pf.InstructionDef) -> Callable[[], Any]:
+        c = ins.call
+        d = self._plan.delegates[c.delegate_index]
+        loaded = self._program._loaded
+        off, size = loaded.program.delegate_data[d.data_index]
+        blob = memoryview(loaded.buffer)[loaded.segment_base + off:loaded.segment_base + off + size]
+        backend = get_backend(d.backend_id)
+        try:
+            handle = backend.init(blob, dict(d.compile_specs))
+        except Exception as e:
+            raise ProgramFormatError(f"method '{self.name}': delegate {c.delegate_index} of backend "
+                                     f"'{d.backend_id}' (instruction {k}, {ins.node_name}) failed to load: {e}",
+                                     field=f"{self.name}.delegates[{c.delegate_index}]") from e
+        self._delegate_handles[k] = handle
+        inputs = [self._arg(a) for a in c.args]
+        outputs = [self._slots[o] for o in c.outputs]
+        self.instructions.append(InstructionInfo(k, "DELEGATE_CALL", ins.node_name, ins.debug_handle, ins.source,
+                                                 "DELEGATE", list(c.outputs), d.backend_id))
+
+        def call_delegate(backend=backend, handle=handle, inputs=inputs, outputs=outputs):
+            backend.execute(handle, inputs, outputs, self.tracer)
+        return call_delegate
+
+    def _make_meta(self) -> MethodMeta:
+        plan = self._plan
+        ins = []
+        for name, vid in zip(plan.input_names, plan.inputs):
+            t = plan.values[vid]
+            ins.append(TensorInfo(name, code_dtype(t.scalar_type), tuple(t.sizes)))
+        outs = []
+        for name, vid in zip(plan.output_names, plan.outputs):
+            t = plan.values[vid]
+            outs.append(TensorInfo(name, code_dtype(t.scalar_type), tuple(t.sizes))
+                        if isinstance(t, pf.TensorDef) else None)
+        return MethodMeta(plan.name, tuple(ins), tuple(outs), plan.arena_size, len(plan.instructions),
+                          plan.debug_buffer_bytes)
+
+    # -- running ------------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> MethodMeta:
+        return self._meta
+
+    def method_meta(self) -> MethodMeta:
+        return self._meta
+
+    def _kernel_error(self, k: int, ins: pf.InstructionDef, op: Any, e: Exception) -> KernelError:
+        where = f"\n  source: {ins.source}" if ins.source else ""
+        return KernelError(f"method '{self.name}': instruction {k} ({op}, node '{ins.node_name}', debug handle "
+                           f"{ins.debug_handle}) failed: {type(e).__name__}: {e}{where}")
+
+    def _flatten_inputs(self, args: tuple, kwargs: dict) -> list:
+        spec = self._in_spec
+        candidates = [(args, kwargs)]
+        if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs:
+            candidates.insert(0, (tuple(args[0]), {}))
+        last_spec = None
+        for a, kw in candidates:
+            flat, got = pytree.tree_flatten((tuple(a), dict(kw)))
+            if spec is None or got == spec:
+                return flat
+            last_spec = got
+        n = len(self._plan.inputs)
+        raise RuntimeInputError(
+            f"method '{self.name}' expects {n} input(s) {self._meta.input_names} structured as {spec}, "
+            f"got {last_spec}")
+
+    def _check_and_copy_inputs(self, flat: list) -> None:
+        if len(flat) != len(self._input_slots):
+            raise RuntimeInputError(f"method '{self.name}' expects {len(self._input_slots)} input(s) "
+                                    f"{self._meta.input_names}, got {len(flat)}")
+        for info, slot, x in zip(self._meta.inputs, self._input_slots, flat):
+            if not isinstance(x, torch.Tensor):
+                raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must be a tensor of "
+                                        f"{info.dtype} {list(info.shape)}, got {type(x).__name__}")
+            if x.dtype != info.dtype:
+                raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must have dtype {info.dtype}, "
+                                        f"got {x.dtype}")
+            if tuple(x.shape) != info.shape:
+                raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must have shape "
+                                        f"{list(info.shape)}, got {list(x.shape)}")
+            slot.copy_(x)
+
+    def _collect_outputs(self) -> Any:
+        flat = []
+        for vid in self._plan.outputs:
+            v = self._slots[vid]
+            flat.append(v.clone() if isinstance(v, torch.Tensor) else v)
+        if self._out_spec is None:
+            return flat
+        return pytree.tree_unflatten(flat, self._out_spec)
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the method. Accepts ``execute([x, y])`` (a sequence of inputs, as the reference runtime) or
+        ``execute(x, y)``; returns the outputs with the structure the eager model returned."""
+        flat = self._flatten_inputs(args, kwargs)
+        with torch.no_grad():
+            self._check_and_copy_inputs(flat)
+            tracer = self.tracer
+            if tracer is not None:
+                tracer.run_method(self)
+            else:
+                self._run_fast()
+            return self._collect_outputs()
+
+    def _run_fast(self) -> None:
+        k = -1
+        try:
+            for k, call in self._fast:
+                call()
+        except Exception as e:
+            ins = self._plan.instructions[k]
+            raise self._kernel_error(k, ins, ins.node_name, e) from e
+
+    def run_instruction(self, k: int) -> None:
+        """Runs one instruction (used by tracers); VIEW instructions are no-ops at run time."""
+        call = self._calls[k]
+        if call is not None:
+            try:
+                call()
+            except Exception as e:
+                ins = self._plan.instructions[k]
+                raise self._kernel_error(k, ins, ins.node_name, e) from e
+
+    def value(self, vid: int) -> Any:
+        """The current content of a value slot (tensors alias the arena: copy before the next run)."""
+        return self._arg(vid)
+
+    @property
+    def plan(self) -> pf.PlanDef:
+        return self._plan
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.execute(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"Method({self.name!r}, inputs={self._meta.input_names}, instructions={len(self._calls)}, "
+                f"arena={self._plan.arena_size} bytes)")
