@@ -333,7 +333,9 @@ class _MethodEmitter:
         for v, off in mp.offsets.items():
             self.values[v].arena_offset = off
         debug_bytes = 0
-        for ins in self.instructions:
+        for ins in self.instructions:  # views are aliases of logged tensors: not stored again
+            if isinstance(ins.call, pf.KernelCallDef) and ins.call.kind == pf.CALL_VIEW:
+                continue
             for o in ins.call.outputs:
                 t = self.values[o]
                 numel = 1

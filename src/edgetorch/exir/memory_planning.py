@@ -44,11 +44,11 @@ def peak_live_bytes(buffers: list[Buffer], alignment: int = 64) -> int:
     return int(np.cumsum(delta).max())
 
 
-def _place(buffers: list[Buffer], order: list[int], alignment: int) -> tuple[dict[int, int], int]:
+def _place(buffers: list[Buffer], order: list[int], alignment: int, best_fit: bool) -> tuple[dict[int, int], int]:
     n = len(buffers)
     firsts = np.array([b.first for b in buffers], dtype=np.int64)
     lasts = np.array([b.last for b in buffers], dtype=np.int64)
-    sizes = np.array([_align(max(b.size, 1), alignment) for b in buffers], dtype=np.int64)
+    sizes = np.array([_align(b.size, alignment) for b in buffers], dtype=np.int64)
     offs = np.full(n, -1, dtype=np.int64)
     placed = np.zeros(n, dtype=bool)
     total = 0
@@ -61,10 +61,20 @@ def _place(buffers: list[Buffer], order: list[int], alignment: int) -> tuple[dic
             ends = starts + sizes[idx]
             srt = np.argsort(starts, kind="stable")
             need = sizes[i]
+            best_gap = None
+            pos = 0
             for s, e in zip(starts[srt].tolist(), ends[srt].tolist()):
-                if s - cand >= need:
-                    break
-                cand = max(cand, e)
+                gap = s - pos
+                if gap >= need:
+                    if not best_fit:
+                        break
+                    if best_gap is None or gap < best_gap[0]:
+                        best_gap = (gap, pos)
+                pos = max(pos, e)
+            if best_fit:
+                cand = best_gap[1] if best_gap is not None else pos
+            else:
+                cand = pos
         offs[i] = cand
         placed[i] = True
         total = max(total, cand + int(sizes[i]))
@@ -73,9 +83,11 @@ def _place(buffers: list[Buffer], order: list[int], alignment: int) -> tuple[dic
 
 def plan_memory(buffers: list[Buffer], alignment: int = 64) -> MemoryPlan:
     """Places every buffer; returns offsets, the arena size and the live-bytes lower bound."""
+    empty = {b.key: 0 for b in buffers if b.size == 0}  # zero-byte tensors need no bytes
+    buffers = [b for b in buffers if b.size > 0]
     peak = peak_live_bytes(buffers, alignment)
     if not buffers:
-        return MemoryPlan({}, 0, 0, "none")
+        return MemoryPlan(empty, 0, 0, "none")
     n = len(buffers)
     orders = {
         "greedy_by_size": sorted(range(n), key=lambda i: (-buffers[i].size, buffers[i].first)),
@@ -84,11 +96,15 @@ def plan_memory(buffers: list[Buffer], alignment: int = 64) -> MemoryPlan:
             range(n), key=lambda i: (-(buffers[i].size * (buffers[i].last - buffers[i].first + 1)), buffers[i].first)),
     }
     best: tuple[dict[int, int], int, str] | None = None
-    for name, order in orders.items():
-        offsets, total = _place(buffers, order, alignment)
-        if best is None or total < best[1]:
-            best = (offsets, total, name)
-        if total <= peak:
+    for best_fit in (False, True):
+        for name, order in orders.items():
+            offsets, total = _place(buffers, order, alignment, best_fit)
+            if best is None or total < best[1]:
+                best = (offsets, total, name + ("+best_fit" if best_fit else ""))
+            if total <= peak:
+                break
+        if best[1] <= peak:
             break
     offsets, total, name = best
+    offsets.update(empty)
     return MemoryPlan(offsets, _align(total, alignment), peak, name)

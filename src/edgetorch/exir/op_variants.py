@@ -23,7 +23,7 @@ def _arg_sig(a: torch.Argument) -> tuple[str, str]:
     return a.name, str(a.type)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The overload of ``op`` that writes its results into ``out`` arguments, or None if there is none.
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterable, Sequence
+from typing import Any, BinaryIO
 
 import flatbuffers
 

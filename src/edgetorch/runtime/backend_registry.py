@@ -7,7 +7,8 @@ A backend named ``X`` is looked up in the registry, and if absent its module
 from __future__ import annotations
 
 import importlib
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 

@@ -9,7 +9,7 @@ import torch
 from edgetorch.errors import ProgramFormatError
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resolve_operator(name: str, overload: str) -> torch._ops.OpOverload:
     """``("aten::addmm", "out")`` -> ``torch.ops.aten.addmm.out``; unknown names raise ProgramFormatError."""
     ns, _, op = name.partition("::")

@@ -1,0 +1,35 @@
+"""Shared helpers of the benchmark scripts: alternating timing against eager PyTorch, medians, RSS."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import psutil
+import torch
+
+
+def rss_mb() -> float:
+    return psutil.Process(os.getpid()).memory_info().rss / 2**20
+
+
+def alternate(fns: dict[str, Callable[[], object]], runs: int, warmup: int = 2) -> dict[str, float]:
+    """Times each function ``runs`` times, interleaved (a, b, a, b, ...); returns median seconds."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            samples[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def thread_settings() -> list[int]:
+    """Thread counts to report: 1 and the default (if different)."""
+    default = torch.get_num_threads()
+    return [1] if default == 1 else [1, default]

@@ -1,0 +1,255 @@
+"""Tests for the edgetorch.models zoo: determinism, eager execution and export."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from edgetorch.models import (
+    ModelSpec,
+    get_model,
+    get_spec,
+    list_models,
+    method_module,
+)
+
+EXPECTED_MODELS = {
+    "mlp",
+    "mlp_fp16",
+    "mlp_bf16",
+    "small_cnn",
+    "resnet18",
+    "mobilenet_v2",
+    "transformer_encoder",
+    "vit_b_16",
+    "vit_tiny",
+    "multi_output",
+    "two_method",
+}
+SLOW_MODELS = {"resnet18", "mobilenet_v2", "vit_b_16"}
+
+
+def _all_models() -> list[str]:
+    return list_models()
+
+
+def _export_params() -> list:
+    return [
+        pytest.param(name, marks=pytest.mark.slow) if get_spec(name).slow else name
+        for name in list_models()
+    ]
+
+
+@functools.cache
+def _cached_model(name: str) -> torch.nn.Module:
+    return get_spec(name).build()
+
+
+def _as_tuple(out: object) -> tuple[torch.Tensor, ...]:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, dict):
+        return tuple(out.values())
+    assert isinstance(out, (tuple, list)), type(out)
+    return tuple(out)
+
+
+def _assert_same_outputs(actual: object, expected: object, atol: float = 1e-4) -> None:
+    act, exp = _as_tuple(actual), _as_tuple(expected)
+    assert len(act) == len(exp)
+    for a, e in zip(act, exp, strict=True):
+        assert a.dtype == e.dtype
+        assert a.shape == e.shape
+        if a.is_floating_point():
+            torch.testing.assert_close(a, e, atol=atol, rtol=1e-3)
+        else:
+            assert torch.equal(a, e)
+
+
+def test_registry_contents() -> None:
+    assert set(list_models()) == EXPECTED_MODELS
+    for name in list_models():
+        spec = get_spec(name)
+        assert isinstance(spec, ModelSpec)
+        assert spec.name == name
+        assert spec.description
+        assert spec.slow == (name in SLOW_MODELS)
+
+
+def test_unknown_model_raises_key_error_listing_names() -> None:
+    with pytest.raises(KeyError) as excinfo:
+        get_spec("no_such_model")
+    message = str(excinfo.value)
+    assert "no_such_model" in message
+    for name in list_models():
+        assert name in message
+
+
+@pytest.mark.parametrize("name", _all_models())
+def test_build_is_deterministic(name: str) -> None:
+    spec = get_spec(name)
+    sd1 = spec.build().state_dict()
+    sd2 = spec.build().state_dict()
+    assert sd1.keys() == sd2.keys()
+    for key in sd1:
+        assert torch.equal(sd1[key], sd2[key]), key
+
+    in1, in2 = spec.example_inputs(), spec.example_inputs()
+    assert in1.keys() == in2.keys()
+    assert "forward" in in1
+    for method in in1:
+        for a, b in zip(in1[method], in2[method], strict=True):
+            assert torch.equal(a, b)
+
+
+def test_build_is_independent_of_global_rng() -> None:
+    torch.manual_seed(0)
+    a = get_spec("mlp").build().state_dict()
+    state_before = torch.get_rng_state()
+    torch.manual_seed(12345)
+    b = get_spec("mlp").build().state_dict()
+    for key in a:
+        assert torch.equal(a[key], b[key])
+    # Building must not advance / reseed the caller's RNG.
+    torch.set_rng_state(state_before)
+    expected = torch.rand(4)
+    torch.set_rng_state(state_before)
+    get_spec("small_cnn").build()
+    get_spec("small_cnn").example_inputs()
+    assert torch.equal(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize("name", _all_models())
+def test_eager_runs_all_methods(name: str) -> None:
+    model = _cached_model(name)
+    assert not model.training
+    assert all(not m.training for m in model.modules())
+    inputs = get_spec(name).example_inputs()
+    for method, args in inputs.items():
+        for arg in args:
+            assert arg.shape[0] == 1, "example inputs are batch 1"
+        with torch.no_grad():
+            out = method_module(model, method)(*args)
+        for tensor in _as_tuple(out):
+            assert isinstance(tensor, torch.Tensor)
+            assert torch.isfinite(tensor).all(), (
+                f"{name}.{method} produced non-finite output"
+            )
+
+
+@pytest.mark.parametrize("name", _export_params())
+def test_export_and_decompose(name: str) -> None:
+    model = _cached_model(name)
+    for method, args in get_spec(name).example_inputs().items():
+        module = method_module(model, method)
+        ep = torch.export.export(module, args)
+        decomposed = ep.run_decompositions()
+        with torch.no_grad():
+            expected = module(*args)
+            actual = decomposed.module()(*args)
+        _assert_same_outputs(actual, expected)
+
+
+def test_get_model_returns_forward_inputs() -> None:
+    model, inputs = get_model("two_method")
+    assert isinstance(model, torch.nn.Module)
+    assert isinstance(inputs, tuple)
+    expected = get_spec("two_method").example_inputs()["forward"]
+    assert all(torch.equal(a, b) for a, b in zip(inputs, expected, strict=True))
+
+
+def test_method_module() -> None:
+    model = _cached_model("two_method")
+    assert method_module(model, "forward") is model
+    wrapper = method_module(model, "encode")
+    assert not wrapper.training
+    (x,) = get_spec("two_method").example_inputs()["encode"]
+    with torch.no_grad():
+        z = wrapper(x)
+        assert torch.equal(z, model.encode(x))
+        assert z.shape == (1, 16)
+        assert torch.equal(model(x), model.decode(model.encode(x)))
+    with pytest.raises(AttributeError):
+        method_module(model, "no_such_method")
+
+
+def test_method_module_exports_encode_only() -> None:
+    model = _cached_model("two_method")
+    (x,) = get_spec("two_method").example_inputs()["encode"]
+    ep = torch.export.export(method_module(model, "encode"), (x,))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert not any("relu" in t for t in targets)  # decoder (ReLU) not traced
+
+
+def test_vit_b_16_param_count() -> None:
+    model = _cached_model("vit_b_16")
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 86_500_000 <= n_params <= 86_600_000, n_params
+
+
+def test_reference_param_counts() -> None:
+    # Same counts as the torchvision reference architectures.
+    counts = {
+        "resnet18": 11_689_512,
+        "mobilenet_v2": 3_504_872,
+        "vit_b_16": 86_567_656,
+    }
+    for name, expected in counts.items():
+        assert sum(p.numel() for p in _cached_model(name).parameters()) == expected
+
+
+def test_vit_tiny_config() -> None:
+    model = _cached_model("vit_tiny")
+    (x,) = get_spec("vit_tiny").example_inputs()["forward"]
+    assert x.shape == (1, 3, 32, 32)
+    assert model.encoder.pos_embedding.shape == (1, 17, 64)
+    assert len(model.encoder.layers) == 2
+
+
+def test_small_cnn_batchnorm_is_nontrivial() -> None:
+    model = _cached_model("small_cnn")
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns
+    for bn in bns:
+        assert not torch.allclose(bn.running_mean, torch.zeros_like(bn.running_mean))
+        assert not torch.allclose(bn.running_var, torch.ones_like(bn.running_var))
+        assert not torch.allclose(bn.weight, torch.ones_like(bn.weight))
+        assert not torch.allclose(bn.bias, torch.zeros_like(bn.bias))
+
+
+def test_multi_output_dtypes_and_mask_mix() -> None:
+    model, inputs = get_model("multi_output")
+    assert [t.dtype for t in inputs] == [torch.float32, torch.int64]
+    with torch.no_grad():
+        scores, pred, keep, count = model(*inputs)
+    assert scores.dtype == torch.float32
+    assert pred.dtype == torch.int64
+    assert keep.dtype == torch.bool
+    assert count.dtype == torch.int64
+    # The example inputs exercise both branches of the mask.
+    assert keep.any() and not keep.all()
+    assert torch.equal(count, keep.long().cumsum(-1))
+
+
+def test_transformer_encoder_io() -> None:
+    model, (tokens,) = get_model("transformer_encoder")
+    assert tokens.dtype == torch.int64
+    assert tokens.shape == (1, 32)
+    with torch.no_grad():
+        assert model(tokens).shape == (1, 32, 1000)
+
+
+@pytest.mark.parametrize("dtype_name", ["mlp_fp16", "mlp_bf16"])
+def test_low_precision_mlp(dtype_name: str) -> None:
+    dtype = torch.float16 if dtype_name == "mlp_fp16" else torch.bfloat16
+    model, (x,) = get_model(dtype_name)
+    assert x.dtype == dtype
+    assert all(p.dtype == dtype for p in model.parameters())
+    ref_model, (ref_x,) = get_model("mlp")
+    with torch.no_grad():
+        out = model(x)
+        ref = ref_model(ref_x)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
