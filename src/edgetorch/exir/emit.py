@@ -276,19 +276,19 @@ class _MethodEmitter:
         self.node_values[node] = outs if isinstance(val, (list, tuple)) else outs[0]
 
     def emit_delegate(self, node: torch.fx.Node) -> None:
-        from edgetorch.exir.backend.lowered import LoweredBackendModule  # delegation is optional
+        from edgetorch.exir.backend.lowered import lookup
 
-        lowered: LoweredBackendModule = node.args[0]
+        lowered = node.meta.get("lowered_module") or lookup(node.args[1])
         if self.delegate_pool is None:
             raise ExportError("delegate calls need a delegate pool")
         at = len(self.instructions)
         uses: list[int] = []
-        args = [self.convert_arg(a, torch._C.TensorType.get(), uses) for a in node.args[1:]]
+        args = [self.convert_arg(a, torch._C.TensorType.get(), uses) for a in node.args[0]]
         outs = self._new_outputs(node, pf.PLACEMENT_PLANNED, at)
         for u in uses:
             self.use(u, at)
         blob = self.delegate_pool.add(lowered.processed_bytes)
-        self.delegates.append(pf.BackendDelegateDef(lowered.backend_id, blob, list(lowered.compile_specs)))
+        self.delegates.append(pf.BackendDelegateDef(lowered.backend_id, blob, lowered.compile_spec_items))
         h, src = self._debug_info(node)
         self.instructions.append(pf.InstructionDef(
             pf.DelegateCallDef(len(self.delegates) - 1, args, outs), node.name, h, src))
@@ -296,8 +296,7 @@ class _MethodEmitter:
         self.delegate_map[at] = {"name": lowered.backend_id,
                                  "delegate_map": {k: list(v) for k, v in lowered.debug_handle_map.items()}}
         self.num_outs[at] = len(outs)
-        val = node.meta.get("val")
-        self.node_values[node] = outs if isinstance(val, (list, tuple)) else outs[0]
+        self.node_values[node] = outs
 
     def emit(self) -> EmittedMethod:
         self.emit_placeholders()
@@ -310,7 +309,7 @@ class _MethodEmitter:
                     self.node_values[node] = vals[idx] if isinstance(vals, list) else vals
                 elif node.target in _IGNORED_TARGETS:
                     continue
-                elif getattr(node.target, "_edgetorch_delegate_call", False):
+                elif _is_delegate_call(node):
                     self.emit_delegate(node)
                 else:
                     self.emit_kernel(node)
@@ -357,6 +356,12 @@ class _MethodEmitter:
             operators=self.operators, delegates=self.delegates, instructions=self.instructions,
             arena_size=mp.arena_size, debug_buffer_bytes=debug_bytes)
         return EmittedMethod(plan, mp, self.debug_handle_map, self.delegate_map, self.num_outs)
+
+
+def _is_delegate_call(node: torch.fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and t.namespace == "edgetorch" and t.__name__.startswith(
+        "call_delegate")
 
 
 def emit_method(ep: ExportedProgram, name: str, constants: ConstantPool, delegates: DelegatePool | None = None,

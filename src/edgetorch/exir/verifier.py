@@ -63,8 +63,6 @@ def verify_edge_program(ep: ExportedProgram, method: str = "forward") -> None:
             t = node.target
             if t is operator.getitem:
                 continue
-            if getattr(t, "__name__", "") == "executorch_call_delegate" or t.__class__.__name__ == "_DelegateCall":
-                continue
             if not isinstance(t, torch._ops.OpOverload):
                 _fail(node, str(t), "only ATen operators (OpOverload) can be executed; "
                       f"got {type(t).__name__}", method)

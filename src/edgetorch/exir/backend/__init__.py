@@ -1,0 +1,33 @@
+"""Delegation: partitioners choose nodes, backends ``preprocess`` them, ``to_backend`` swaps in delegate calls."""
+
+from edgetorch.exir.backend.backend_details import (
+    BackendDetails,
+    PreprocessResult,
+    get_backend_details,
+    register_backend_details,
+)
+from edgetorch.exir.backend.delegation_info import DelegationInfo, get_delegation_info
+from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule
+from edgetorch.exir.backend.partitioner import (
+    DELEGATION_TAG,
+    CompileSpec,
+    DelegationSpec,
+    Partitioner,
+    PartitionResult,
+)
+
+__all__ = [
+    "CALL_DELEGATE",
+    "DELEGATION_TAG",
+    "BackendDetails",
+    "CompileSpec",
+    "DelegationInfo",
+    "DelegationSpec",
+    "LoweredBackendModule",
+    "PartitionResult",
+    "Partitioner",
+    "PreprocessResult",
+    "get_backend_details",
+    "get_delegation_info",
+    "register_backend_details",
+]

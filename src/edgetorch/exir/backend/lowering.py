@@ -1,0 +1,194 @@
+"""``to_backend``: replaces each tagged partition of an edge program with one ``call_delegate`` node.
+
+The input program is never mutated (the ETRecord holds it): the graph is copied first. For every partition the
+subgraph is re-exported as its own ExportedProgram (parameters it reads become buffers, so backends see them as
+constants), handed to the backend's ``preprocess``, and replaced by a delegate call; parameters that only the
+partition read leave the owning program (they live in the delegate blob).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import time
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind
+from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, legalize_graph, validate_partition
+
+from edgetorch.errors import ExportError
+from edgetorch.exir.backend.backend_details import get_backend_details
+from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule
+from edgetorch.exir.backend.partitioner import DELEGATION_TAG, Partitioner
+from edgetorch.exir.debug_handles import get_debug_handle, set_debug_handle, source_location
+
+log = logging.getLogger(__name__)
+
+_META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")
+
+
+def clone_program(ep: ExportedProgram, gm: torch.fx.GraphModule | None = None,
+                  signature: ExportGraphSignature | None = None, state_dict: dict | None = None,
+                  constants: dict | None = None) -> ExportedProgram:
+    """A new ExportedProgram sharing tensors with ``ep`` but with its own graph (node metas copied)."""
+    if gm is None:
+        graph = torch.fx.Graph()
+        out = graph.graph_copy(ep.graph, {})
+        graph.output(out)
+        gm = torch.fx.GraphModule(ep.graph_module, graph)
+    return ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=signature or copy.deepcopy(ep.graph_signature),
+        state_dict=dict(ep.state_dict) if state_dict is None else state_dict,
+        range_constraints=ep.range_constraints, module_call_graph=copy.deepcopy(ep.module_call_graph),
+        example_inputs=ep.example_inputs, constants=dict(ep.constants) if constants is None else constants,
+        verifiers=ep.verifiers,
+    )
+
+
+def _example(val) -> torch.Tensor:
+    if val.dtype.is_floating_point:
+        return torch.randn(tuple(val.shape), dtype=val.dtype)
+    if val.dtype == torch.bool:
+        return torch.zeros(tuple(val.shape), dtype=torch.bool)
+    return torch.zeros(tuple(val.shape), dtype=val.dtype)
+
+
+def _partition_program(ep: ExportedProgram, nodes: list[torch.fx.Node], name: str
+                       ) -> tuple[ExportedProgram, list[torch.fx.Node], list[torch.fx.Node]]:
+    """Re-exports ``nodes`` as a standalone program; returns it, its activation inputs and its outputs."""
+    gm = ep.graph_module
+    sub_gm, orig_inputs, orig_outputs = fuse_as_graphmodule(gm, nodes, name)
+    sig = ep.graph_signature
+    const_targets = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+                     **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    placeholders = [n for n in sub_gm.graph.nodes if n.op == "placeholder"]
+    act_inputs: list[torch.fx.Node] = []
+    for ph, orig in zip(placeholders, orig_inputs):
+        if orig.op == "placeholder" and orig.name in const_targets:
+            target = const_targets[orig.name]
+            tensor = ep.state_dict.get(target, ep.constants.get(target))
+            attr = "c_" + target.replace(".", "_")
+            sub_gm.register_buffer(attr, tensor.detach())
+            with sub_gm.graph.inserting_before(ph):
+                ga = sub_gm.graph.get_attr(attr)
+            ga.meta = dict(ph.meta)
+            ph.replace_all_uses_with(ga)
+            sub_gm.graph.erase_node(ph)
+        else:
+            act_inputs.append(orig)
+    sub_gm.recompile()
+    examples = tuple(_example(n.meta["val"]) for n in act_inputs)
+    try:
+        sub_ep = torch.export.export(sub_gm, examples, strict=False)
+    except Exception as e:
+        first = nodes[0]
+        raise ExportError(f"partition '{name}' ({len(nodes)} ops from node '{first.name}') could not be re-exported "
+                          f"for its backend: {type(e).__name__}: {e}\n  source: "
+                          f"{source_location(first.meta.get('stack_trace'))}") from e
+    # restore source metadata lost by retracing, keyed by debug handle
+    by_handle = {}
+    for n in nodes:
+        h = get_debug_handle(n)
+        if h is not None and h not in by_handle:
+            by_handle[h] = n.meta
+    for n in sub_ep.graph.nodes:
+        h = get_debug_handle(n) if n.op == "call_function" else None
+        if h in by_handle:
+            for k in _META_KEYS:
+                if k in by_handle[h] and not n.meta.get(k):
+                    n.meta[k] = by_handle[h][k]
+    return sub_ep, act_inputs, list(orig_outputs)
+
+
+def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: str = "forward") -> ExportedProgram:
+    """Lowers the partitions ``partitioner`` tags; returns a new program with delegate calls."""
+    t0 = time.perf_counter()
+    work = clone_program(ep)
+    result = partitioner.partition(work)
+    tagged = result.tagged_exported_program
+    gm = tagged.graph_module
+    groups: dict[str, list[torch.fx.Node]] = {}
+    for n in gm.graph.nodes:
+        tag = n.meta.get(DELEGATION_TAG)
+        if tag is None or n.op != "call_function":
+            continue
+        if tag not in result.partition_tags:
+            raise ExportError(f"method '{method}': node '{n.name}' is tagged '{tag}', which the partitioner did not "
+                              "describe in partition_tags")
+        groups.setdefault(tag, []).append(n)
+    if not groups:
+        return ep
+    top = max((get_debug_handle(n) or 0 for n in gm.graph.nodes), default=0)
+    for i, (tag, nodes) in enumerate(groups.items()):
+        spec = result.partition_tags[tag]
+        # getitems of a multi-output node inside the partition belong to it as well
+        inside = dict.fromkeys(nodes)
+        for n in list(nodes):
+            for u in n.users:
+                if u.target is operator.getitem and u not in inside:
+                    inside[u] = None
+        nodes = [n for n in gm.graph.nodes if n in inside]
+        if not validate_partition(nodes):
+            raise ExportError(f"method '{method}': partition '{tag}' is not convex (a path leaves it and comes "
+                              "back); the partitioner must split it")
+        sub_ep, act_inputs, outputs = _partition_program(tagged, nodes, f"{spec.backend_id}_{i}")
+        backend = get_backend_details(spec.backend_id)
+        t1 = time.perf_counter()
+        res = backend.preprocess(sub_ep, list(spec.compile_specs))
+        log.info("preprocess %s partition %s (%d ops) in %.2fs", spec.backend_id, tag, len(nodes),
+                 time.perf_counter() - t1)
+        out_vals = [o.meta["val"] for o in outputs]
+        lowered = LoweredBackendModule(
+            spec.backend_id, bytes(res.processed_bytes), list(spec.compile_specs), sub_ep,
+            {k: tuple(v) for k, v in (res.debug_handle_map or {}).items()},
+            [(tuple(v.shape), v.dtype) for v in out_vals])
+        last = nodes[-1]
+        with gm.graph.inserting_after(last):
+            call = gm.graph.call_function(CALL_DELEGATE, (list(act_inputs), lowered.key))
+        top += 1
+        call.meta["val"] = list(out_vals)
+        call.meta["lowered_module"] = lowered
+        call.meta["stack_trace"] = nodes[0].meta.get("stack_trace")
+        call.meta["nn_module_stack"] = nodes[0].meta.get("nn_module_stack")
+        set_debug_handle(call, top)
+        call.name = f"lowered_{spec.backend_id}_{i}"
+        for j, o in enumerate(outputs):
+            with gm.graph.inserting_after(call):
+                gi = gm.graph.call_function(operator.getitem, (call, j))
+            gi.meta["val"] = o.meta["val"]
+            set_debug_handle(gi, top)
+            o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inside)
+        for n in reversed(nodes):
+            gm.graph.erase_node(n)
+    legalize_graph(gm)
+    # parameters now only read inside delegates leave the owning program
+    sig = tagged.graph_signature
+    drop = {n.name for n in gm.graph.nodes if n.op == "placeholder" and not n.users}
+    keep_specs = []
+    state_dict, constants = dict(tagged.state_dict), dict(tagged.constants)
+    for s in sig.input_specs:
+        if s.arg.name in drop and s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            for n in list(gm.graph.nodes):
+                if n.op == "placeholder" and n.name == s.arg.name:
+                    gm.graph.erase_node(n)
+            if s.target in state_dict and not any(o.target == s.target for o in sig.input_specs if o is not s):
+                state_dict.pop(s.target)
+            constants.pop(s.target, None)
+        else:
+            keep_specs.append(s)
+    gm.graph.lint()
+    gm.recompile()
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_args = list(torch.utils._pytree.tree_leaves(out_node.args[0]))
+    out_specs = []
+    for s, a in zip(sig.output_specs, out_args):
+        s = copy.copy(s)
+        if isinstance(a, torch.fx.Node) and hasattr(s.arg, "name"):
+            s.arg = type(s.arg)(name=a.name)
+        out_specs.append(s)
+    new_sig = ExportGraphSignature(keep_specs, out_specs)
+    lowered_ep = clone_program(tagged, gm, new_sig, state_dict, constants)
+    log.info("to_backend(%s): %d partitions in %.2fs", method, len(groups), time.perf_counter() - t0)
+    return lowered_ep
