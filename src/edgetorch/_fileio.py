@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import BinaryIO, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import BinaryIO
 
 
 def atomic_write(path: str | os.PathLike, chunks: Iterable[bytes | memoryview] | None = None,

@@ -43,3 +43,62 @@ class MethodNotFoundError(EdgeTorchError, KeyError):
 
 class KernelError(EdgeTorchError, RuntimeError):
     """A kernel failed while executing; names the instruction, op and source line."""
+
+
+class ETDumpFormatError(FormatError):
+    """An ETDump (.etdp) file, or the debug buffer it points into, is malformed, truncated or of an unknown
+    version; ``field`` names the part at fault."""
+
+
+class DebugBufferOverflowError(EdgeTorchError):
+    """A fixed-size debug buffer cannot hold the intermediate outputs of a run; the message names the bytes
+    needed. ``needed_bytes`` is the total size a buffer must have to hold this run too."""
+
+    def __init__(self, message: str, *, needed_bytes: int = 0, capacity: int = 0) -> None:
+        self.needed_bytes = needed_bytes
+        self.capacity = capacity
+        super().__init__(message)
+
+
+class ETRecordError(EdgeTorchError, RuntimeError):
+    """An ETRecord cannot be built or saved: a stage is missing, a field is already set, or a program holds
+    something the ETRecord format cannot store."""
+
+
+class ETRecordFormatError(FormatError):
+    """An ETRecord file is malformed, unsafe or of an unsupported version; ``field`` names the zip entry."""
+
+
+class InspectorError(EdgeTorchError, ValueError):
+    """The Inspector cannot do what was asked with the artifacts it has (names what is missing)."""
+
+
+class ArtifactMismatchError(InspectorError):
+    """An ETDump and an ETRecord (or a debug buffer) come from different programs."""
+
+
+class ExportSessionError(EdgeTorchError, RuntimeError):
+    """An export session cannot do what was asked: a stage has not run, an artifact is missing, or a stage
+    failed; the message says which stage and what to do."""
+
+
+class PipelineError(ExportSessionError, ValueError):
+    """The stages of an export pipeline are not a valid sequence for the given model (invalid transition,
+    unregistered stage, a stage that cannot start a pipeline, or a stage incompatible with the input type)."""
+
+
+class ExportInputError(ExportSessionError, ValueError):
+    """The model, example inputs or dynamic shapes given to ``edgetorch.export.export`` are missing or
+    inconsistent (e.g. a method without example inputs, a missing or malformed saved program file)."""
+
+
+class UnsupportedModelError(ExportInputError, TypeError):
+    """The model given to ``edgetorch.export.export`` is not of a supported type."""
+
+
+class RecipeError(EdgeTorchError, ValueError):
+    """An export recipe cannot be built: unknown backend or recipe type, or invalid recipe arguments."""
+
+
+class UnsafeModelFileError(ExportInputError):
+    """A saved ExportedProgram holds pickled data (which could run code when loaded) and was not loaded."""

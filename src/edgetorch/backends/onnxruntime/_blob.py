@@ -1,0 +1,150 @@
+"""The onnxruntime delegate blob: a small versioned container holding an ONNX model and its large weights.
+
+Layout (little endian)::
+
+    0   magic  b"ETORTDLG"
+    8   u32    container version (1)
+    12  u32    header length H (bytes of UTF-8 JSON)
+    16  u64    total blob length (catches truncation)
+    24  u32    CRC-32 of the header bytes
+    28  u32    CRC-32 of the payload (everything after the padded header)
+    32  header JSON (H bytes), zero padding to a multiple of 64
+    P   payload: the ONNX ModelProto bytes, then each large initializer's raw bytes, each 64-byte aligned
+
+The header records where the model and every external initializer lie (offsets relative to the payload start
+P) plus everything the runtime needs without parsing the model: input/output names, dtypes and shapes, and
+the debug tables (ONNX value/node name -> edge debug handles). Large initializers are stored outside the
+ModelProto (marked as external data) so that the runtime can hand ONNX Runtime zero-copy views of the mapped
+program file, shared by every session it builds for the delegate. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgetorch.errors import FormatError
+
+MAGIC = b"ETORTDLG"
+CONTAINER_VERSION = 1
+ALIGNMENT = 64
+_FIXED = struct.Struct("<8sIIQII")
+#: the ``location`` every external initializer of the stored ModelProto names
+EXTERNAL_LOCATION = "edgetorch-onnxruntime-blob"
+
+
+class OrtBlobError(FormatError):
+    """A delegate blob of the onnxruntime backend is malformed, truncated or of an unknown version."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(f"onnxruntime delegate blob: {message}", field=field)
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+@dataclass
+class UnpackedBlob:
+    header: dict[str, Any]
+    model: memoryview  # the serialized ModelProto (external initializers not inline)
+    initializers: dict[str, np.ndarray]  # read-only views into the blob
+
+
+def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.ndarray]]) -> bytes:
+    """Builds a blob; ``header`` gets ``model`` and ``initializers`` entries (payload offsets) added."""
+    header = dict(header)
+    parts: list[Any] = []
+    pos = 0
+
+    def put(data: Any, nbytes: int) -> int:
+        nonlocal pos
+        off = pos
+        parts.append(data)
+        pad = _aligned(nbytes) - nbytes
+        if pad:
+            parts.append(bytes(pad))
+        pos += nbytes + pad
+        return off
+
+    header["model"] = {"offset": put(model, len(model)), "nbytes": len(model)}
+    table = []
+    for name, arr in initializers:
+        arr = np.ascontiguousarray(arr)
+        off = put(memoryview(arr.reshape(-1).view(np.uint8)), arr.nbytes)
+        table.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": off,
+                      "nbytes": int(arr.nbytes)})
+    header["initializers"] = table
+    head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    payload_start = _aligned(_FIXED.size + len(head))
+    payload_crc = 0
+    for p in parts:
+        payload_crc = zlib.crc32(p, payload_crc)
+    fixed = _FIXED.pack(MAGIC, CONTAINER_VERSION, len(head), payload_start + pos, zlib.crc32(head), payload_crc)
+    return b"".join([fixed, head, bytes(payload_start - _FIXED.size - len(head)), *parts])
+
+
+def unpack(blob: memoryview | bytes, verify_payload: bool = True) -> UnpackedBlob:
+    """Parses and checks a blob; raises ``OrtBlobError`` naming what is wrong."""
+    mv = memoryview(blob).cast("B") if not isinstance(blob, memoryview) or blob.format != "B" else blob
+    n = mv.nbytes
+    if n < _FIXED.size:
+        raise OrtBlobError(f"truncated: {n} bytes, shorter than the {_FIXED.size}-byte fixed header", field="header")
+    magic, version, head_len, total, head_crc, payload_crc = _FIXED.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise OrtBlobError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}): this is not an onnxruntime delegate "
+                           "blob, or its first bytes are corrupted", field="magic")
+    if version != CONTAINER_VERSION:
+        raise OrtBlobError(f"container version {version} is not supported (this runtime reads version "
+                           f"{CONTAINER_VERSION}); re-export the program with this edgetorch", field="version")
+    if total != n:
+        what = "truncated" if n < total else "has trailing bytes"
+        raise OrtBlobError(f"{what}: the header says {total} bytes, the blob has {n}", field="total_length")
+    if _FIXED.size + head_len > n:
+        raise OrtBlobError(f"header length {head_len} runs past the end of the blob ({n} bytes)", field="header")
+    head = mv[_FIXED.size:_FIXED.size + head_len]
+    if zlib.crc32(head) != head_crc:
+        raise OrtBlobError("header checksum mismatch: the JSON header is corrupted", field="header")
+    try:
+        header = json.loads(bytes(head))
+    except ValueError as e:
+        raise OrtBlobError(f"header is not valid JSON: {e}", field="header") from None
+    payload_start = _aligned(_FIXED.size + head_len)
+    payload = mv[payload_start:]
+    if verify_payload and zlib.crc32(payload) != payload_crc:
+        raise OrtBlobError("payload checksum mismatch: the ONNX model or its weights are corrupted", field="payload")
+    for key in ("model", "initializers", "inputs", "outputs"):
+        if key not in header:
+            raise OrtBlobError(f"header lacks the '{key}' entry", field=key)
+
+    def span(entry: dict, what: str) -> memoryview:
+        try:
+            off, size = int(entry["offset"]), int(entry["nbytes"])
+        except (KeyError, TypeError, ValueError):
+            raise OrtBlobError(f"{what} has no valid offset/nbytes", field=what) from None
+        if off < 0 or size < 0 or off + size > payload.nbytes:
+            raise OrtBlobError(f"{what} [{off}, {off + size}) lies outside the payload ({payload.nbytes} bytes)",
+                               field=what)
+        return payload[off:off + size]
+
+    model = span(header["model"], "model")
+    inits: dict[str, np.ndarray] = {}
+    for i, e in enumerate(header["initializers"]):
+        what = f"initializers[{i}]"
+        raw = span(e, what)
+        try:
+            dtype = np.dtype(e["dtype"])
+            shape = tuple(int(s) for s in e["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise OrtBlobError(f"{what} has no valid dtype/shape", field=what) from None
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * dtype.itemsize != raw.nbytes:
+            raise OrtBlobError(f"{what} ('{e.get('name')}'): {raw.nbytes} bytes do not hold {dtype} {list(shape)}",
+                               field=what)
+        inits[str(e["name"])] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+    return UnpackedBlob(header, model, inits)

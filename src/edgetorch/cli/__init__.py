@@ -1,0 +1,1 @@
+"""The ``edgetorch`` command line: ``demo``, ``run`` (program / bundled program runner) and ``inspect``."""

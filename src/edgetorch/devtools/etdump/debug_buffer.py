@@ -1,0 +1,157 @@
+"""Reading an ETDump and the debug buffer its tensors point into.
+
+``DebugBuffer`` memory-maps the buffer file (copy-on-write: tensors are writable, the file is never touched)
+and hands out tensors that are views of the mapping (``torch.frombuffer``, no copy). Every access is
+bounds-checked: an offset or size beyond the end of the buffer raises ``ETDumpFormatError`` naming the tensor,
+the range and the buffer size.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import warnings
+from typing import Any
+
+import torch
+
+from edgetorch.errors import ETDumpFormatError
+from edgetorch.formats import etdump as ed
+from edgetorch.formats.dtypes import CODE_TO_DTYPE
+
+
+def read_etdump(path: str | os.PathLike) -> ed.ETDump:
+    """Reads and decodes an .etdp file (``ETDumpFormatError`` if it is malformed)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"ETDump file not found: {path}") from None
+    return ed.deserialize_etdump(data, path)
+
+
+class DebugBuffer:
+    """A debug buffer, from a file path (memory-mapped) or from bytes; ``tensor(t)`` returns the tensor an
+    ETDump ``Tensor`` describes without copying it (the tensors keep the mapping alive)."""
+
+    def __init__(self, source: str | os.PathLike | bytes | bytearray | memoryview) -> None:
+        self._mmap: mmap.mmap | None = None
+        self._closed = False
+        if isinstance(source, (str, os.PathLike)):
+            self.path: str | None = os.fspath(source)
+            try:
+                with open(self.path, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    self._buf: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
+            except FileNotFoundError:
+                raise FileNotFoundError(f"debug buffer file not found: {self.path}") from None
+            if size:
+                self._mmap = self._buf
+        elif isinstance(source, (bytes, bytearray, memoryview)):
+            self.path = None
+            self._buf = source if not isinstance(source, memoryview) else source.cast("B")
+        else:
+            raise TypeError(f"DebugBuffer expects a path or bytes, got {type(source).__name__}")
+        self.size = len(self._buf) if not isinstance(self._buf, memoryview) else self._buf.nbytes
+
+    def _fail(self, msg: str, fld: str) -> ETDumpFormatError:
+        where = self.path or "debug buffer"
+        return ETDumpFormatError(f"{where}: {msg}", field=fld, path=self.path)
+
+    def tensor(self, t: ed.Tensor, what: str = "tensor") -> torch.Tensor:
+        """The tensor ``t`` describes, viewed in place from the buffer (shape ``t.sizes``)."""
+        dtype = CODE_TO_DTYPE.get(t.scalar_type)
+        if dtype is None:
+            raise self._fail(f"{what}: unknown scalar type code {t.scalar_type}", "tensor.scalar_type")
+        numel = t.numel
+        if t.nbytes != numel * dtype.itemsize:
+            raise self._fail(f"{what}: nbytes is {t.nbytes}, but {dtype} {t.sizes} has {numel * dtype.itemsize}",
+                             "tensor.nbytes")
+        if numel == 0:
+            return torch.empty(t.sizes, dtype=dtype)
+        if t.offset == ed.NO_OFFSET:
+            raise self._fail(f"{what}: its {t.nbytes} bytes were not stored in the debug buffer (offset -1)",
+                             "tensor.offset")
+        end = t.offset + t.nbytes
+        if t.offset < 0 or end > self.size:
+            raise self._fail(
+                f"{what}: bytes [{t.offset}, {end}) lie beyond the end of the debug buffer ({self.size} bytes): "
+                "the file is truncated or is not the buffer this ETDump was recorded with", "tensor.offset")
+        if self._closed:
+            raise ValueError(f"{self!r} is closed")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only bytes object
+            flat = torch.frombuffer(self._buf, dtype=dtype, count=numel, offset=t.offset)
+        if not t.strides or list(t.strides) == _contiguous_strides(t.sizes):
+            return flat.view(t.sizes)
+        if len(t.strides) != len(t.sizes) or any(s < 0 for s in t.strides) or \
+                sum((n - 1) * s for n, s in zip(t.sizes, t.strides)) >= numel:
+            raise self._fail(f"{what}: strides {t.strides} do not fit {numel} stored elements of sizes {t.sizes}",
+                             "tensor.strides")
+        return flat.as_strided(t.sizes, t.strides)
+
+    def value(self, v: ed.Value, what: str = "value") -> Any:
+        """A logged value as a Python object: a tensor, a list of tensors, an int, float, bool, str or None."""
+        vt = v.val
+        if vt == ed.ValueType.Tensor:
+            return self.tensor(v.tensor, what)
+        if vt == ed.ValueType.TensorList:
+            return [self.tensor(t, f"{what}[{i}]") for i, t in enumerate(v.tensor_list or [])]
+        if vt == ed.ValueType.Int:
+            return v.int_value
+        if vt == ed.ValueType.Bool:
+            return v.bool_value
+        if vt == ed.ValueType.Float:
+            return v.float_value
+        if vt == ed.ValueType.Double:
+            return v.double_value
+        if vt == ed.ValueType.String:
+            return v.string_value
+        return None
+
+    def check(self, etdump: ed.ETDump) -> None:
+        """Checks that this buffer is at least as long as the ETDump says and that every stored tensor of the
+        ETDump lies inside it; raises ``ETDumpFormatError`` on the first problem."""
+        if self.size < etdump.debug_buffer_bytes:
+            raise self._fail(f"the debug buffer has {self.size} bytes but the ETDump was recorded with "
+                             f"{etdump.debug_buffer_bytes}: truncated, or not the buffer of this ETDump",
+                             "debug_buffer_bytes")
+        for i, run in enumerate(etdump.run_data):
+            for j, e in enumerate(run.events):
+                d = e.debug_event
+                if d is None:
+                    continue
+                v = d.debug_entry
+                tensors = [v.tensor] if v.val == ed.ValueType.Tensor else \
+                    (v.tensor_list or []) if v.val == ed.ValueType.TensorList else []
+                for t in tensors:
+                    if t is not None and t.offset != ed.NO_OFFSET and t.offset + t.nbytes > self.size:
+                        raise self._fail(
+                            f"run_data[{i}].events[{j}] (instruction {d.instruction_id}, output {d.output_index}): "
+                            f"bytes [{t.offset}, {t.offset + t.nbytes}) lie beyond the end of the debug buffer "
+                            f"({self.size} bytes)", f"run_data[{i}].events[{j}].debug_event.debug_entry.tensor.offset")
+
+    def close(self) -> None:
+        """Drops this reader's reference to the mapping. Tensors handed out keep it alive (and valid) until
+        they are freed; the file is unmapped then. Unmapping here would leave them dangling."""
+        self._closed = True
+        self._mmap = None
+        self._buf = b""
+
+    def __enter__(self) -> DebugBuffer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DebugBuffer({self.path or 'bytes'!r}, {self.size} bytes)"
+
+
+def _contiguous_strides(sizes: list[int]) -> list[int]:
+    strides, acc = [0] * len(sizes), 1
+    for i in range(len(sizes) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(sizes[i], 1)
+    return strides

@@ -1,0 +1,21 @@
+"""ETRecord: the ahead-of-time debug record that links runtime instruction ids back to graph nodes.
+
+``ETRecord`` holds the ATen and edge programs of every method (with debug handles, stack traces and module
+stacks), the emitter's side tables (instruction id -> debug handle(s), delegate maps, delegate output counts),
+the .pte content hash, and optional representative inputs / reference outputs. Files are a zip of JSON and raw
+tensor bytes (see docs/formats.md, "ETRecord"); reading one never unpickles anything.
+"""
+
+from edgetorch.devtools.etrecord._archive import FORMAT_VERSION, MARKER
+from edgetorch.devtools.etrecord._etrecord import ETRecord, generate_etrecord, parse_etrecord
+from edgetorch.errors import ETRecordError, ETRecordFormatError
+
+__all__ = [
+    "ETRecord",
+    "ETRecordError",
+    "ETRecordFormatError",
+    "FORMAT_VERSION",
+    "MARKER",
+    "generate_etrecord",
+    "parse_etrecord",
+]

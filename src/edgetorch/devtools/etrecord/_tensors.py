@@ -1,0 +1,282 @@
+"""Pickle-free tensor storage for ETRecord files.
+
+Tensors are written as raw little-endian bytes into one blob (each start aligned to 64 bytes) and described by
+a JSON record ``{"dtype", "shape", "strides", "offset", "nbytes"}``. Nested containers of tensors and scalars
+(inputs, outputs, example inputs) are stored as a JSON treespec (``torch.utils._pytree.treespec_dumps``) plus a
+list of encoded leaves. Every field read back is validated before any tensor is built.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+ALIGNMENT = 64
+
+_DTYPE_NAMES = (
+    "float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32",
+    "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+)
+DTYPES: dict[str, torch.dtype] = {
+    n: getattr(torch, n) for n in _DTYPE_NAMES if isinstance(getattr(torch, n, None), torch.dtype)
+}
+_NAME_OF: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+_RECORD_KEYS = {"dtype", "shape", "strides", "offset", "nbytes"}
+
+# treespec node types that rebuild without importing anything named in the file
+_SAFE_TREESPEC_TYPES = {
+    "builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict", "collections.namedtuple",
+    "collections.deque", "torch.fx.immutable_collections.immutable_list",
+    "torch.fx.immutable_collections.immutable_dict", "torch.Size",
+}
+_MAX_TREESPEC_DEPTH = 64
+
+
+class TensorDataError(ValueError):
+    """Bad tensor record, blob or tree; the caller turns it into an ETRecord error naming the entry."""
+
+
+class UnsupportedValueError(TypeError):
+    """A value the ETRecord format cannot store (tensor subclass, quantized tensor, arbitrary object)."""
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _contiguous_strides(shape: list[int]) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return strides[::-1]
+
+
+def is_dense(shape: list[int], strides: list[int]) -> bool:
+    """True when the strides lay the elements out without gaps or overlaps (any dimension order)."""
+    if math.prod(shape) == 0:
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides, strict=True) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class TensorBlobWriter:
+    """Accumulates tensor bytes; ``add`` returns the JSON record of one tensor. A tensor object added twice
+    (a weight shared by the ATen and the edge program, tied weights) is stored once."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.nbytes = 0
+        self._seen: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
+
+    def add(self, t: torch.Tensor, what: str) -> dict[str, Any]:
+        if id(t) in self._seen:
+            return dict(self._seen[id(t)][1])
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise UnsupportedValueError(f"{what}: tensor subclass {type(t).__name__} cannot be stored")
+        if t.layout != torch.strided or t.is_quantized or t.is_meta:
+            raise UnsupportedValueError(f"{what}: only dense, non-quantized tensors with data can be stored "
+                                        f"(got layout={t.layout}, quantized={t.is_quantized}, meta={t.is_meta})")
+        if t.dtype not in _NAME_OF:
+            raise UnsupportedValueError(f"{what}: dtype {t.dtype} cannot be stored")
+        src = t
+        t = t.detach().resolve_conj().resolve_neg()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        shape = [int(s) for s in t.shape]
+        strides = [int(s) for s in t.stride()]
+        if not is_dense(shape, strides):  # expanded / sliced views: stored as their contiguous copy
+            strides = _contiguous_strides(shape)
+        data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        pad = (-self.nbytes) % ALIGNMENT
+        if pad:
+            self.chunks.append(b"\0" * pad)
+            self.nbytes += pad
+        rec = {"dtype": _NAME_OF[t.dtype], "shape": shape, "strides": strides, "offset": self.nbytes,
+               "nbytes": len(data)}
+        self.chunks.append(data)
+        self.nbytes += len(data)
+        self._seen[id(src)] = (src, rec)  # holding src keeps its id unique while writing
+        return dict(rec)
+
+
+class TensorReader:
+    """Builds tensors from records over one blob; the same record (and flags) gives the same tensor object,
+    so weights shared between programs stay shared after loading."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def read(self, rec: Any, what: str, param: bool = False, requires_grad: bool = False) -> torch.Tensor:
+        dtype, shape, strides, offset, nbytes = check_record(rec, len(self.blob), what)
+        key = (dtype, tuple(shape), tuple(strides), offset, nbytes, param, requires_grad)
+        if key in self._cache:
+            return self._cache[key]
+        if requires_grad and not (dtype.is_floating_point or dtype.is_complex):
+            raise TensorDataError(f"{what}: requires_grad on a {dtype} tensor")
+        t = _build(self.blob, dtype, shape, strides, offset, nbytes, what)
+        t = torch.nn.Parameter(t, requires_grad=requires_grad) if param else t.requires_grad_(requires_grad)
+        self._cache[key] = t
+        return t
+
+
+def check_record(rec: Any, blob_len: int, what: str) -> tuple[torch.dtype, list[int], list[int], int, int]:
+    """Validates a tensor record against a blob of ``blob_len`` bytes."""
+    if not isinstance(rec, dict) or set(rec) != _RECORD_KEYS:
+        raise TensorDataError(f"{what}: tensor record must have exactly the keys {sorted(_RECORD_KEYS)}")
+    dtype = DTYPES.get(rec["dtype"]) if isinstance(rec["dtype"], str) else None
+    if dtype is None:
+        raise TensorDataError(f"{what}: unknown dtype {rec['dtype']!r}")
+    shape, strides, offset, nbytes = rec["shape"], rec["strides"], rec["offset"], rec["nbytes"]
+    if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape) or len(shape) > 64:
+        raise TensorDataError(f"{what}: bad shape {shape!r}")
+    if not isinstance(strides, list) or len(strides) != len(shape) or not all(_is_int(s) and 0 <= s < 2**62
+                                                                               for s in strides):
+        raise TensorDataError(f"{what}: bad strides {strides!r} for shape {shape}")
+    if not (_is_int(offset) and _is_int(nbytes) and offset >= 0 and nbytes >= 0):
+        raise TensorDataError(f"{what}: bad offset/nbytes {offset!r}/{nbytes!r}")
+    numel = math.prod(shape)
+    itemsize = dtype.itemsize
+    if nbytes != numel * itemsize:
+        raise TensorDataError(f"{what}: nbytes {nbytes} != {numel} elements x {itemsize} bytes")
+    if offset + nbytes > blob_len:
+        raise TensorDataError(f"{what}: bytes [{offset}, {offset + nbytes}) run past the blob ({blob_len} bytes)")
+    if not is_dense(shape, strides):
+        raise TensorDataError(f"{what}: strides {strides} are not dense and non-overlapping for shape {shape}")
+    return dtype, shape, strides, offset, nbytes
+
+
+def _build(blob: bytes | memoryview, dtype: torch.dtype, shape: list[int], strides: list[int], offset: int,
+           nbytes: int, what: str) -> torch.Tensor:
+    if nbytes == 0:
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    flat = torch.frombuffer(bytearray(memoryview(blob)[offset:offset + nbytes]), dtype=torch.uint8)
+    if dtype == torch.bool and int(flat.max()) > 1:
+        raise TensorDataError(f"{what}: bool tensor holds bytes other than 0 and 1")
+    t = flat.view(dtype).reshape(shape)
+    if strides != _contiguous_strides(shape):
+        out = torch.empty_strided(shape, strides, dtype=dtype)
+        out.copy_(t)
+        t = out
+    return t
+
+
+def read_tensor(rec: Any, blob: bytes | memoryview, what: str) -> torch.Tensor:
+    """Builds one tensor from a record written by ``TensorBlobWriter.add``; validates every field first."""
+    return _build(blob, *check_record(rec, len(blob), what), what)
+
+
+def check_treespec(spec: Any, what: str) -> None:
+    """Refuses a serialized treespec that would make ``treespec_loads`` import modules or look up objects by
+    name (enum contexts, defaultdict factories) or that names an unregistered node type."""
+    if not isinstance(spec, str):
+        raise TensorDataError(f"{what}: treespec must be a string")
+    try:
+        loaded = json.loads(spec)
+    except (ValueError, RecursionError) as e:
+        raise TensorDataError(f"{what}: treespec is not JSON ({e})") from None
+    if not (isinstance(loaded, list) and len(loaded) == 2 and loaded[0] == 1):
+        raise TensorDataError(f"{what}: treespec must be [1, schema]")
+    stack = [(loaded[1], 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > _MAX_TREESPEC_DEPTH:
+            raise TensorDataError(f"{what}: treespec nested deeper than {_MAX_TREESPEC_DEPTH}")
+        if not isinstance(node, dict) or set(node) != {"type", "context", "children_spec"}:
+            raise TensorDataError(f"{what}: malformed treespec node")
+        typ, ctx, children = node["type"], node["context"], node["children_spec"]
+        if not isinstance(children, list):
+            raise TensorDataError(f"{what}: malformed treespec children")
+        if typ is None:
+            if ctx is not None or children:
+                raise TensorDataError(f"{what}: malformed treespec leaf")
+            continue
+        if typ not in _SAFE_TREESPEC_TYPES or typ not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+            raise TensorDataError(f"{what}: treespec node type {typ!r} is not allowed")
+        if typ == "collections.namedtuple":
+            if not isinstance(ctx, str):
+                raise TensorDataError(f"{what}: namedtuple treespec context must be a type name")
+        else:
+            if not isinstance(ctx, str):
+                raise TensorDataError(f"{what}: treespec context must be a JSON string")
+            try:
+                parsed = json.loads(ctx)
+            except (ValueError, RecursionError):
+                raise TensorDataError(f"{what}: treespec context is not JSON") from None
+            todo = [parsed]
+            while todo:
+                x = todo.pop()
+                if isinstance(x, dict):
+                    if "__enum__" in x:
+                        raise TensorDataError(f"{what}: treespec context holds an enum reference")
+                    todo.extend(x.values())
+                elif isinstance(x, list):
+                    todo.extend(x)
+        stack.extend((c, depth + 1) for c in children)
+
+
+def _encode_leaf(leaf: Any, blobs: TensorBlobWriter, what: str) -> dict[str, Any]:
+    if isinstance(leaf, torch.Tensor):
+        return {"tensor": blobs.add(leaf, what)}
+    if isinstance(leaf, float) and not math.isfinite(leaf):
+        return {"float": repr(leaf)}
+    if leaf is None or isinstance(leaf, (bool, int, float, str)):
+        return {"value": leaf}
+    raise UnsupportedValueError(f"{what}: cannot store a value of type {type(leaf).__name__}")
+
+
+def encode_tree(obj: Any, blobs: TensorBlobWriter, what: str) -> dict[str, Any]:
+    """``{"spec": treespec JSON, "leaves": [{"tensor": record} | {"value": scalar} | {"float": "nan"}]}``."""
+    leaves, spec = pytree.tree_flatten(obj)
+    try:
+        spec_str = pytree.treespec_dumps(spec)
+    except (TypeError, NotImplementedError) as e:
+        raise UnsupportedValueError(f"{what}: container structure cannot be serialized: {e}") from None
+    return {"spec": spec_str, "leaves": [_encode_leaf(x, blobs, f"{what}[{i}]") for i, x in enumerate(leaves)]}
+
+
+def _decode_leaf(enc: Any, reader: TensorReader, what: str) -> Any:
+    if not isinstance(enc, dict) or len(enc) != 1:
+        raise TensorDataError(f"{what}: malformed leaf")
+    (kind, val), = enc.items()
+    if kind == "tensor":
+        return reader.read(val, what)
+    if kind == "float" and val in ("nan", "inf", "-inf"):
+        return float(val)
+    if kind == "value" and (val is None or isinstance(val, (bool, int, float, str))):
+        return val
+    raise TensorDataError(f"{what}: malformed leaf {kind!r}")
+
+
+def decode_tree(enc: Any, reader: TensorReader, what: str) -> Any:
+    """Inverse of ``encode_tree``; the treespec is checked by ``check_treespec`` before it is loaded."""
+    if not isinstance(enc, dict) or set(enc) != {"spec", "leaves"} or not isinstance(enc["leaves"], list):
+        raise TensorDataError(f"{what}: malformed tree (needs 'spec' and 'leaves')")
+    check_treespec(enc["spec"], what)
+    try:
+        spec = pytree.treespec_loads(enc["spec"])
+    except Exception as e:
+        raise TensorDataError(f"{what}: bad treespec ({type(e).__name__}: {e})") from None
+    leaves = [_decode_leaf(x, reader, f"{what}[{i}]") for i, x in enumerate(enc["leaves"])]
+    if spec.num_leaves != len(leaves):
+        raise TensorDataError(f"{what}: treespec has {spec.num_leaves} leaves, file has {len(leaves)}")
+    try:
+        return pytree.tree_unflatten(leaves, spec)
+    except Exception as e:
+        raise TensorDataError(f"{what}: cannot rebuild the container ({e})") from None
+
+
+def check_byteorder() -> None:
+    if sys.byteorder != "little":  # pragma: no cover - every supported host is little-endian
+        raise TensorDataError("ETRecord tensor data is little-endian; this host is big-endian")

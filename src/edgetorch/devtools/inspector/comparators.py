@@ -1,0 +1,111 @@
+"""Distance metrics for numeric gaps: MSE, L1, SNR (dB), COSINE, MAX_ABS, or a user comparator.
+
+Every metric compares an AOT (reference) tensor ``a`` with a runtime tensor ``b`` as float64 vectors of the same
+number of elements (shapes may differ when one side is a view of the other). NaNs count as differences.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+
+class NumericalComparatorBase(ABC):
+    """Subclass and implement ``element_compare``; optionally ``preprocessing`` (e.g. dequantize, relayout)."""
+
+    name: str = "custom"
+    inspector: Any = None
+
+    @abstractmethod
+    def element_compare(self, a: torch.Tensor, b: torch.Tensor) -> float:
+        ...
+
+    def preprocessing(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a, b
+
+    def compare(self, a: torch.Tensor, b: torch.Tensor) -> float:
+        a, b = self.preprocessing(a, b)
+        return float(self.element_compare(a, b))
+
+
+def _f64(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return a.detach().reshape(-1).to(torch.float64), b.detach().reshape(-1).to(torch.float64)
+
+
+class MSEComparator(NumericalComparatorBase):
+    name = "MSE"
+
+    def element_compare(self, a, b):
+        a, b = _f64(a, b)
+        return torch.mean((a - b) ** 2).item() if a.numel() else 0.0
+
+
+class L1Comparator(NumericalComparatorBase):
+    """Sum of absolute differences (as the reference tool defines L1)."""
+
+    name = "L1"
+
+    def element_compare(self, a, b):
+        a, b = _f64(a, b)
+        return torch.sum(torch.abs(a - b)).item()
+
+
+class MaxAbsComparator(NumericalComparatorBase):
+    name = "MAX_ABS"
+
+    def element_compare(self, a, b):
+        a, b = _f64(a, b)
+        return torch.max(torch.abs(a - b)).item() if a.numel() else 0.0
+
+
+class SNRComparator(NumericalComparatorBase):
+    """10·log10(signal power / noise power), signal = the AOT tensor; +inf when identical."""
+
+    name = "SNR"
+
+    def element_compare(self, a, b):
+        a, b = _f64(a, b)
+        noise = torch.mean((a - b) ** 2).item() if a.numel() else 0.0
+        signal = torch.mean(a ** 2).item() if a.numel() else 0.0
+        if noise == 0.0:
+            return math.inf
+        if signal == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(signal / noise)
+
+
+class CosineComparator(NumericalComparatorBase):
+    """Cosine similarity (1.0 = same direction); two all-zero tensors count as identical."""
+
+    name = "COSINE"
+
+    def element_compare(self, a, b):
+        a, b = _f64(a, b)
+        na, nb = torch.linalg.vector_norm(a).item(), torch.linalg.vector_norm(b).item()
+        if na == 0.0 and nb == 0.0:
+            return 1.0
+        if na == 0.0 or nb == 0.0:
+            return 0.0
+        return (torch.dot(a, b).item()) / (na * nb)
+
+
+_METRICS: dict[str, type[NumericalComparatorBase]] = {
+    "MSE": MSEComparator, "L1": L1Comparator, "SNR": SNRComparator, "COSINE": CosineComparator,
+    "MAX_ABS": MaxAbsComparator,
+}
+
+#: metrics where a larger value means a larger discrepancy
+LARGER_IS_WORSE = {"MSE": True, "L1": True, "MAX_ABS": True, "SNR": False, "COSINE": False}
+
+
+def get_comparator(distance: str | NumericalComparatorBase) -> NumericalComparatorBase:
+    if isinstance(distance, NumericalComparatorBase):
+        return distance
+    if isinstance(distance, str):
+        key = distance.strip().upper()
+        if key in _METRICS:
+            return _METRICS[key]()
+    raise ValueError(f"unknown distance {distance!r}; use one of {sorted(_METRICS)} or a NumericalComparatorBase")

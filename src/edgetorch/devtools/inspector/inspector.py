@@ -1,0 +1,432 @@
+"""The Inspector: joins an ETDump (+ debug buffer) with an ETRecord.
+
+It links every runtime event to its debug handles, source ops, stack traces and module paths, tabulates the
+profile, and computes per-op numeric gaps against the reference program. Works for every method of a
+program (not only ``forward``), with an in-memory ETRecord as well as a saved one, and refuses an ETDump that
+was recorded from a different program than the ETRecord describes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import IO, Any
+
+import pandas as pd
+import torch
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+
+from edgetorch.devtools.inspector.comparators import NumericalComparatorBase, get_comparator
+from edgetorch.devtools.inspector.events import FRAMEWORK_EVENTS, Event, EventBlock, TimeScale, gen_event_blocks
+from edgetorch.devtools.inspector.numeric_gap import Coverage, RuntimeEntry, compute_numeric_gap, reference_handles
+from edgetorch.errors import ArtifactMismatchError, InspectorError
+from edgetorch.formats import etdump as ed
+
+log = logging.getLogger(__name__)
+
+_HIDDEN_COLUMNS = ["raw", "delegate_debug_identifier", "stack_traces", "module_hierarchy", "debug_data"]
+
+
+def _node_op_name(node: torch.fx.Node) -> str:
+    t = node.target
+    return t.name() if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    from edgetorch.exir.op_variants import is_view_op
+
+    return is_view_op(t)
+
+
+class Inspector:
+    """Reads an ETDump and (optionally) an ETRecord; see the module docstring."""
+
+    def __init__(self, etdump_path: str | os.PathLike | None = None, etdump_data: bytes | None = None,
+                 etrecord: Any = None, source_time_scale: TimeScale = TimeScale.NS,
+                 target_time_scale: TimeScale = TimeScale.MS, debug_buffer_path: str | os.PathLike | None = None,
+                 delegate_metadata_parser: Any = None, delegate_time_scale_converter: Any = None,
+                 enable_module_hierarchy: bool = True) -> None:
+        if (etdump_path is None) == (etdump_data is None):
+            raise InspectorError("give exactly one of etdump_path and etdump_data")
+        if (source_time_scale == TimeScale.CYCLES) != (target_time_scale == TimeScale.CYCLES):
+            raise InspectorError("CYCLES must be used for both source_time_scale and target_time_scale or neither")
+        if etdump_path is not None:
+            path = os.fspath(etdump_path)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise InspectorError(f"ETDump file not found: {path}") from None
+            self._etdump = ed.deserialize_etdump(data, path)
+        else:
+            self._etdump = ed.deserialize_etdump(etdump_data)
+        self._debug_buffer = None
+        if debug_buffer_path is not None:
+            from edgetorch.devtools.etdump import DebugBuffer
+
+            self._debug_buffer = DebugBuffer(debug_buffer_path)
+        self._has_tensor_data = any(
+            e.debug_event is not None and e.debug_event.debug_entry.val in (ed.ValueType.Tensor,
+                                                                            ed.ValueType.TensorList)
+            for r in self._etdump.run_data for e in r.events)
+        if self._has_tensor_data and self._debug_buffer is None:
+            log.warning("the ETDump logged intermediate tensors but no debug_buffer_path was given: "
+                        "debug_data will hold None and calculate_numeric_gap is unavailable")
+        self._etrecord = self._load_etrecord(etrecord)
+        self._check_hashes()
+        self.source_time_scale = source_time_scale
+        self.target_time_scale = target_time_scale
+        self.delegate_metadata_parser = delegate_metadata_parser
+        self.delegate_time_scale_converter = delegate_time_scale_converter
+        self.event_blocks: list[EventBlock] = gen_event_blocks(self._etdump, self._inflate, source_time_scale,
+                                                               target_time_scale)
+        self._handle_nodes: dict[str, dict[int, list[torch.fx.Node]]] = {}
+        if self._etrecord is not None:
+            self._associate()
+        self.last_gap_coverage: Coverage | None = None
+
+    # -- loading -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _load_etrecord(etrecord: Any) -> Any:
+        if etrecord is None:
+            return None
+        from edgetorch.devtools.etrecord import ETRecord, parse_etrecord
+
+        if isinstance(etrecord, (str, os.PathLike)):
+            return parse_etrecord(etrecord)
+        if isinstance(etrecord, ETRecord):
+            return etrecord
+        raise InspectorError(f"etrecord must be a path or an ETRecord, got {type(etrecord).__name__}")
+
+    def _check_hashes(self) -> None:
+        rec = self._etrecord
+        dump_hash = self._etdump.program_hash
+        rec_hash = getattr(rec, "program_hash", None) if rec is not None else None
+        if rec_hash and dump_hash and rec_hash != dump_hash:
+            raise ArtifactMismatchError(
+                f"the ETDump was recorded from program {dump_hash[:16]}…, but the ETRecord describes program "
+                f"{rec_hash[:16]}…: pair the ETDump with the ETRecord generated for the .pte that produced it")
+        if self._debug_buffer is not None and self._etdump.debug_buffer_bytes:
+            have = self._debug_buffer.size
+            if have < self._etdump.debug_buffer_bytes:
+                raise ArtifactMismatchError(
+                    f"debug buffer {self._debug_buffer.path} has {have} bytes but the ETDump's tensors need "
+                    f"{self._etdump.debug_buffer_bytes}: wrong or truncated debug buffer file")
+
+    def _inflate(self, value: ed.Value) -> Any:
+        t = value.val
+        if t == ed.ValueType.Tensor:
+            return self._tensor(value.tensor)
+        if t == ed.ValueType.TensorList:
+            return [self._tensor(x) for x in value.tensor_list or []]
+        if t == ed.ValueType.Int:
+            return value.int_value
+        if t == ed.ValueType.Bool:
+            return value.bool_value
+        if t == ed.ValueType.Float:
+            return value.float_value
+        if t == ed.ValueType.Double:
+            return value.double_value
+        if t == ed.ValueType.String:
+            return value.string_value
+        return None
+
+    def _tensor(self, t: ed.Tensor) -> torch.Tensor | None:
+        if t.numel == 0:
+            return torch.empty(t.sizes, dtype=t.dtype)
+        if self._debug_buffer is None:
+            return None
+        return self._debug_buffer.tensor(t)
+
+    # -- ETRecord association ------------------------------------------------------------------------------
+    def _nodes_by_handle(self, method: str) -> dict[int, list[torch.fx.Node]]:
+        if method not in self._handle_nodes:
+            from edgetorch.exir.debug_handles import get_debug_handle
+
+            out: dict[int, list[torch.fx.Node]] = {}
+            edge = self._etrecord.edge_programs.get(method) if self._etrecord is not None else None
+            if edge is not None:
+                for n in edge.graph.nodes:
+                    if n.op == "call_function" and n.target.__name__ != "getitem":
+                        h = get_debug_handle(n)
+                        if h is not None:
+                            out.setdefault(h, []).append(n)
+            self._handle_nodes[method] = out
+        return self._handle_nodes[method]
+
+    def _associate(self) -> None:
+        rec = self._etrecord
+        hmap_all = rec.debug_handle_map or {}
+        dmap_all = rec.delegate_map or {}
+        nouts_all = rec.instruction_id_to_num_outs_map or {}
+        for block in self.event_blocks:
+            method = block.method
+            hmap, dmap, nouts = hmap_all.get(method, {}), dmap_all.get(method, {}), nouts_all.get(method, {})
+            nodes_by_h = self._nodes_by_handle(method)
+            for ev in block.events:
+                iid = ev.instruction_id
+                if iid is None or ev.name in FRAMEWORK_EVENTS:
+                    continue
+                if ev.is_delegated_op:
+                    entry = dmap.get(iid)
+                    if entry is None:
+                        continue
+                    ev.delegate_backend_name = entry.get("name")
+                    inner = entry.get("delegate_map") or {}
+                    handles = inner.get(ev.delegate_debug_identifier)
+                    if handles is None:
+                        handles = inner.get(str(ev.delegate_debug_identifier))
+                    if handles is None:
+                        continue
+                    ev.debug_handles = list(handles)
+                else:
+                    if iid not in hmap:
+                        continue
+                    ev.debug_handles = hmap[iid]
+                    if iid in dmap:
+                        ev.delegate_backend_name = dmap[iid].get("name")
+                        ev.num_outputs = nouts.get(iid, ev.num_outputs)
+                handles = ev.debug_handles if isinstance(ev.debug_handles, list) else [ev.debug_handles]
+                for h in handles:
+                    for n in nodes_by_h.get(h, []):
+                        ev.op_types.append(_node_op_name(n))
+                        if n.meta.get("stack_trace"):
+                            ev.stack_traces.setdefault(n.name, n.meta["stack_trace"])
+                        if n.meta.get("nn_module_stack") is not None:
+                            ev.module_hierarchy.setdefault(n.name, n.meta["nn_module_stack"])
+            refs = (rec.reference_outputs or {}).get(method)
+            if refs and block.bundled_input_index is not None and block.bundled_input_index < len(refs):
+                block.reference_output = refs[block.bundled_input_index]
+
+    # -- tables --------------------------------------------------------------------------------------------
+    def to_dataframe(self, include_units: bool = True, include_delegate_debug_data: bool = False) -> pd.DataFrame:
+        frames = [b.to_dataframe(include_units) for b in self.event_blocks]
+        if not frames:
+            return pd.DataFrame()
+        df = pd.concat(frames, ignore_index=True)
+        if include_delegate_debug_data:
+            md = [e.delegate_debug_metadatas for b in self.event_blocks for e in b.events]
+            df["delegate_debug_metadata"] = md
+        return df
+
+    def _display_frame(self, include_units: bool) -> pd.DataFrame:
+        df = self.to_dataframe(include_units)
+        if df.empty:
+            return df
+        return df.drop(columns=[c for c in _HIDDEN_COLUMNS if c in df.columns])
+
+    def print_data_tabular(self, file: IO[str] = sys.stdout, include_units: bool = True,
+                           include_delegate_debug_data: bool = False) -> None:
+        """Prints the profile as a table (rich)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        df = self._display_frame(include_units)
+        table = Table(title="edgetorch profile", show_lines=False)
+        for c in df.columns:
+            if c in ("event_name", "event_block_name"):
+                table.add_column(str(c), no_wrap=True)
+            else:
+                table.add_column(str(c), overflow="fold")
+        for _, row in df.iterrows():
+            table.add_row(*[_fmt(v) for v in row.tolist()])
+        Console(file=file, width=240).print(table)
+
+    def save_data_to_tsv(self, file: str | os.PathLike | IO[str]) -> None:
+        df = self._display_frame(True)
+        if isinstance(file, (str, os.PathLike)):
+            from edgetorch._fileio import atomic_write
+
+            atomic_write(file, [df.to_csv(sep="\t", index=False).encode()])
+        else:
+            df.to_csv(file, sep="\t", index=False)
+
+    def find_total_for_module(self, module_name: str) -> float:
+        """Sum of average times (target unit) of the events whose module path contains ``module_name``."""
+        total = 0.0
+        for block in self.event_blocks:
+            for ev in block.events:
+                if ev.perf_data is None or ev.name in FRAMEWORK_EVENTS:
+                    continue
+                if any(module_name in str(k) or module_name in str(v[0])
+                       for stack in ev.module_hierarchy.values() for k, v in (stack or {}).items()):
+                    total += ev.perf_data.avg
+        return total
+
+    def get_exported_program(self, graph: str | None = None, method: str = "forward") -> ExportedProgram | None:
+        if self._etrecord is None:
+            log.warning("no ETRecord was given")
+            return None
+        if graph is None:
+            return self._etrecord.edge_programs.get(method)
+        gm = self._etrecord.graph_map or {}
+        return gm.get(graph if "/" in graph else f"{graph}/{method}")
+
+    @property
+    def etrecord(self) -> Any:
+        return self._etrecord
+
+    @property
+    def etdump(self) -> ed.ETDump:
+        return self._etdump
+
+    @property
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(b.method for b in self.event_blocks if b.name != ed.LOAD_BLOCK))
+
+    # -- numeric gap ---------------------------------------------------------------------------------------
+    def _block_for(self, method: str) -> EventBlock:
+        blocks = [b for b in self.event_blocks if b.method == method and b.name != ed.LOAD_BLOCK
+                  and any(e.instruction_id is not None for e in b.events)]
+        if not blocks:
+            raise InspectorError(f"the ETDump has no execution of method '{method}'; methods run: {self.methods}")
+        return blocks[0]
+
+    def _runtime_entries(self, block: EventBlock, run: int) -> tuple[list[RuntimeEntry], set[int]]:
+        rec = self._etrecord
+        dmap = (rec.delegate_map or {}).get(block.method, {})
+        entries: list[RuntimeEntry] = []
+        by_handle: dict[int, RuntimeEntry] = {}
+        inner_covered: set[int] = set()
+        for ev in block.events:
+            if ev.instruction_id is None or ev.debug_handles is None or ev.name in FRAMEWORK_EVENTS:
+                continue
+            data = ev.run_debug_data[run] if run < len(ev.run_debug_data) else []
+            if ev.is_delegated_op:
+                if data:
+                    handles = tuple(ev.debug_handles)
+                    inner_covered.update(handles)
+                    entries.append(RuntimeEntry(handles, [ev.name], data if len(data) > 1 else data[0],
+                                                ev.instruction_id, ev.delegate_backend_name,
+                                                in_delegate_call=ev.instruction_id))
+                continue
+            if ev.instruction_id in dmap:
+                if data:
+                    entries.append(RuntimeEntry(tuple(ev.debug_handles), ["DELEGATE_CALL"], data, ev.instruction_id,
+                                                ev.delegate_backend_name, is_delegate_call=True))
+                continue
+            h = ev.debug_handles if isinstance(ev.debug_handles, int) else None
+            if h is None or h == 0:
+                continue
+            e = by_handle.get(h)
+            if e is None:
+                e = RuntimeEntry((h,), [], None, ev.instruction_id)
+                by_handle[h] = e
+                entries.append(e)
+            e.ops.append(ev.name)
+            if data:
+                e.value = data if len(data) > 1 else data[0]
+                e.instruction_id = ev.instruction_id
+        entries = [e for e in entries if e.value is not None]
+        entries.sort(key=lambda e: (e.instruction_id, 0 if e.is_delegate_call else 1))
+        return entries, inner_covered
+
+    def _reference(self, method: str, reference_graph: str | None) -> tuple[torch.fx.GraphModule, str]:
+        rec = self._etrecord
+        if reference_graph in (None, "exported_program"):
+            aten = (getattr(rec, "exported_programs", None) or {}).get(method)
+            if aten is not None:
+                gm = aten.module()
+                last, _ = reference_handles(gm)
+                edge_handles = set(self._nodes_by_handle(method))
+                if last and edge_handles <= set(last) | {0}:
+                    return gm, "exported_program"
+                log.warning("the ATen program of '%s' lacks some debug handles; using the edge program", method)
+            elif reference_graph == "exported_program":
+                raise InspectorError(f"the ETRecord holds no ATen program for method '{method}'")
+        if reference_graph in (None, "exported_program", "edge_dialect_exported_program"):
+            edge = rec.edge_programs.get(method)
+            if edge is None:
+                raise InspectorError(f"the ETRecord holds no edge program for method '{method}'")
+            return edge.module(), "edge_dialect_exported_program"
+        ep = self.get_exported_program(reference_graph, method)
+        if ep is None:
+            raise InspectorError(f"no graph '{reference_graph}' in the ETRecord (graph_map: "
+                                 f"{sorted(rec.graph_map or {})})")
+        return ep.module(), reference_graph
+
+    def calculate_numeric_gap(self, distance: str | NumericalComparatorBase = "MSE", method: str | None = None,
+                              reference_graph: str | None = None, run: int = 0, local: bool = True,
+                              inputs: tuple | None = None) -> pd.DataFrame:
+        """Per-op gaps between the reference program and the runtime intermediates.
+
+        Rows follow execution order; ``gap`` is the accumulated gap, ``local_gap`` the gap of the op re-run on
+        the runtime's own inputs. ``run`` picks which recorded execution (and representative input) to use.
+        ``df.attrs["coverage"]`` (also ``self.last_gap_coverage``) says what was matched and why the rest was not.
+        """
+        if self._etrecord is None:
+            raise InspectorError("calculate_numeric_gap needs an ETRecord (pass etrecord=...)")
+        comparator = get_comparator(distance)
+        if comparator.inspector is None:
+            comparator.inspector = self
+        if method is None:
+            runs = self.methods
+            method = "forward" if "forward" in runs or not runs else runs[0]
+        if not self._has_tensor_data:
+            raise InspectorError("the ETDump holds no intermediate outputs: load the program with "
+                                 "debug_buffer_size=<bytes>|'auto' or debug_buffer_path=... and run it again")
+        if self._debug_buffer is None:
+            raise InspectorError("calculate_numeric_gap needs the debug buffer: pass debug_buffer_path=...")
+        if inputs is None:
+            reps = (self._etrecord.representative_inputs or {}).get(method)
+            if not reps:
+                raise InspectorError(f"the ETRecord has no representative inputs for method '{method}': call "
+                                     "etrecord.update_representative_inputs(inputs) before saving it")
+            if run >= len(reps):
+                raise InspectorError(f"run {run} has no representative input ({len(reps)} recorded)")
+            inputs = reps[run]
+        block = self._block_for(method)
+        entries, inner = self._runtime_entries(block, run)
+        gm, used = self._reference(method, reference_graph)
+        flat = pytree.tree_leaves(tuple(inputs))
+        nodes_by_h = self._nodes_by_handle(method)
+        view_only = {h for h, ns in nodes_by_h.items() if ns and all(_is_view(n) for n in ns)}
+        df, cov = compute_numeric_gap(gm, tuple(flat), entries, comparator, view_only=view_only,
+                                      delegated_without_inner=set(), local=local)
+        df.attrs["reference_graph"] = used
+        df.attrs["method"] = method
+        df.attrs["distance"] = getattr(comparator, "name", type(comparator).__name__)
+        self.last_gap_coverage = cov
+        return df
+
+    def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None:
+        """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE)."""
+        from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE
+
+        worse = LARGER_IS_WORSE.get(df.attrs.get("distance", "MSE"), True)
+        for _, row in df.iterrows():
+            g = row["gap"][0]
+            if g is None:
+                continue
+            if (g > threshold) if worse else (g < threshold):
+                return row
+        return None
+
+    def find_culprits(self, df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+        """Rows ranked by the error each op adds itself (``local_gap``), worst first."""
+        from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE
+
+        worse = LARGER_IS_WORSE.get(df.attrs.get("distance", "MSE"), True)
+        key = df["local_gap"].apply(lambda v: v[0] if v and v[0] is not None else float("nan"))
+        order = key.sort_values(ascending=not worse, na_position="last").index
+        return df.loc[order[:top]]
+
+    def __repr__(self) -> str:
+        return (f"Inspector(methods={self.methods}, blocks={len(self.event_blocks)}, "
+                f"etrecord={'yes' if self._etrecord is not None else 'no'})")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    if isinstance(v, list) and len(v) > 6:
+        return f"[{', '.join(map(str, v[:3]))}, ... ({len(v)} items)]"
+    return str(v)
+
+
+__all__ = ["Event", "EventBlock", "Inspector", "TimeScale"]

@@ -1,0 +1,174 @@
+"""A small symmetric INT8 PT2E quantizer of our own, written on torchao's public quantizer API.
+
+Weights are int8 in [-127, 127], symmetric (per output channel or per tensor); activations are int8 in
+[-128, 127], affine per tensor, observed statically during calibration or computed at run time (dynamic).
+Patterns annotated: ``conv1d/conv2d`` and ``linear`` (each optionally followed by ``relu``/``hardtanh``, which
+are then fused: only the activation's output is quantized), and for static modes also ``add`` (+ ``relu``)
+and ``max_pool2d`` / ``avg_pool2d`` / ``adaptive_avg_pool2d`` (output shares the input's parameters).
+Everything else stays in float; biases stay float.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e import (
+    HistogramObserver,
+    MinMaxObserver,
+    PerChannelMinMaxObserver,
+    PlaceholderObserver,
+)
+from torchao.quantization.pt2e.quantizer import (
+    QuantizationAnnotation,
+    QuantizationSpec,
+    Quantizer,
+    SharedQuantizationSpec,
+)
+
+__all__ = ["SymmetricQuantizationConfig", "SymmetricInt8Quantizer", "get_symmetric_quantization_config"]
+
+_ANNOTATION_KEY = "quantization_annotation"  # the node.meta key prepare_pt2e reads
+_EPS = 2.0 ** -12
+
+aten = torch.ops.aten
+_WEIGHTED = {aten.conv1d.default, aten.conv2d.default, aten.linear.default}
+_ACTIVATIONS = {aten.relu.default, aten.relu_.default, aten.hardtanh.default, aten.hardtanh_.default}
+_ADDS = {aten.add.Tensor, aten.add_.Tensor}
+_POOLS = {aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default}
+
+
+@dataclass(frozen=True)
+class SymmetricQuantizationConfig:
+    """How to quantize: weight granularity, static or dynamic activations, and the activation observer.
+
+    ``per_channel``: one weight scale per output channel (else one per tensor).
+    ``dynamic``: activations of conv/linear are quantized at run time from their own min/max
+    (``choose_qparams``); only conv/linear are annotated then.
+    ``activation_observer``: "minmax" (fast, the default) or "histogram" (slower calibration, clips outliers).
+    """
+
+    per_channel: bool = True
+    dynamic: bool = False
+    activation_observer: Literal["minmax", "histogram"] = "minmax"
+
+    def __post_init__(self) -> None:
+        if self.activation_observer not in ("minmax", "histogram"):
+            raise ValueError(f"activation_observer must be 'minmax' or 'histogram', got {self.activation_observer!r}")
+
+    def activation_spec(self) -> QuantizationSpec:
+        if self.dynamic:
+            ctr = PlaceholderObserver.with_args(eps=_EPS)
+        elif self.activation_observer == "histogram":
+            ctr = HistogramObserver.with_args(eps=_EPS)
+        else:
+            ctr = MinMaxObserver.with_args(eps=_EPS)
+        return QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine,
+                                is_dynamic=self.dynamic, observer_or_fake_quant_ctr=ctr)
+
+    def weight_spec(self) -> QuantizationSpec:
+        if self.per_channel:
+            return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127,
+                                    qscheme=torch.per_channel_symmetric, ch_axis=0,
+                                    observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
+        return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric,
+                                observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=_EPS))
+
+
+def get_symmetric_quantization_config(per_channel: bool = True, dynamic: bool = False,
+                                      activation_observer: Literal["minmax", "histogram"] = "minmax",
+                                      ) -> SymmetricQuantizationConfig:
+    """The config of :class:`SymmetricInt8Quantizer` (a named constructor, as users of PT2E expect)."""
+    return SymmetricQuantizationConfig(per_channel, dynamic, activation_observer)
+
+
+def _is_float_tensor(n: object) -> bool:
+    if not isinstance(n, Node):
+        return False
+    v = n.meta.get("val")
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
+
+
+def _is_annotated(n: Node) -> bool:
+    ann = n.meta.get(_ANNOTATION_KEY)
+    return ann is not None and ann._annotated
+
+
+def _fused_activation(n: Node) -> Node | None:
+    """The relu/hardtanh that is ``n``'s only user, if any and not annotated yet."""
+    if len(n.users) != 1:
+        return None
+    (user,) = n.users
+    if user.op == "call_function" and user.target in _ACTIVATIONS and not _is_annotated(user):
+        return user
+    return None
+
+
+def _annotate(n: Node, inputs: dict, output: object = None) -> None:
+    n.meta[_ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
+
+
+class SymmetricInt8Quantizer(Quantizer):
+    """PT2E quantizer: ``prepare_pt2e(torch.export.export(m, args).module(), SymmetricInt8Quantizer(config))``.
+
+    See the module docstring for what is annotated. ``set_global(config)`` replaces the config (kept for
+    familiarity with other PT2E quantizers) and returns the quantizer.
+    """
+
+    def __init__(self, config: SymmetricQuantizationConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or SymmetricQuantizationConfig()
+
+    def set_global(self, config: SymmetricQuantizationConfig) -> SymmetricInt8Quantizer:
+        self.config = config
+        return self
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        cfg = self.config
+        act, weight = cfg.activation_spec(), cfg.weight_spec()
+        nodes = [n for n in model.graph.nodes if n.op == "call_function"]
+        for n in nodes:
+            if n.target in _WEIGHTED and not _is_annotated(n):
+                self._annotate_weighted(n, act, weight)
+        if cfg.dynamic:
+            return model
+        for n in nodes:
+            if n.target in _ADDS and not _is_annotated(n):
+                self._annotate_add(n, act)
+        for n in nodes:
+            if n.target in _POOLS and not _is_annotated(n):
+                x = n.args[0]
+                if _is_float_tensor(x):
+                    _annotate(n, {x: act}, SharedQuantizationSpec((x, n)))
+        return model
+
+    def _annotate_weighted(self, n: Node, act: QuantizationSpec, weight: QuantizationSpec) -> None:
+        x, w = n.args[0], n.args[1]
+        if not (_is_float_tensor(x) and _is_float_tensor(w)):
+            return
+        inputs: dict = {x: act, w: weight}
+        if self.config.dynamic:  # dynamic: quantize the input at run time, keep the output float
+            _annotate(n, inputs)
+            return
+        relu = _fused_activation(n)
+        if relu is None:
+            _annotate(n, inputs, act)
+        else:
+            _annotate(n, inputs)
+            _annotate(relu, {}, act)
+
+    def _annotate_add(self, n: Node, act: QuantizationSpec) -> None:
+        inputs = {a: act for a in n.args[:2] if _is_float_tensor(a)}
+        if not inputs or not _is_float_tensor(n):
+            return
+        relu = _fused_activation(n)
+        if relu is None:
+            _annotate(n, inputs, act)
+        else:
+            _annotate(n, inputs)
+            _annotate(relu, {}, act)
+
+    def validate(self, model: GraphModule) -> None:
+        """Nothing to check: every annotation this quantizer makes is one the portable kernels run."""

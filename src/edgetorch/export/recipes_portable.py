@@ -1,0 +1,71 @@
+"""Recipes for the portable backend (every op runs on edgetorch's own kernels): FP32 and PT2E INT8."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from edgetorch.errors import RecipeError
+from edgetorch.export.recipe import ExportRecipe, QuantizationRecipe, RecipeType
+from edgetorch.export.registry import BackendRecipeProvider, register_backend_recipe_provider
+
+__all__ = ["PortableRecipeProvider", "PortableRecipeType"]
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "portable"
+
+
+class PortableRecipeType(RecipeType):
+    """Recipes run on the portable backend: float, or PT2E INT8 with Q/DQ ops around float kernels."""
+
+    FP32 = "portable_fp32"
+    INT8_STATIC_PER_CHANNEL = "portable_int8_static_per_channel"
+    INT8_STATIC_PER_TENSOR = "portable_int8_static_per_tensor"
+    INT8_DYNAMIC_PER_CHANNEL = "portable_int8_dynamic_per_channel"
+
+    @classmethod
+    def get_backend_name(cls) -> str:
+        return BACKEND_NAME
+
+
+_INT8 = {
+    PortableRecipeType.INT8_STATIC_PER_CHANNEL: (True, False),
+    PortableRecipeType.INT8_STATIC_PER_TENSOR: (False, False),
+    PortableRecipeType.INT8_DYNAMIC_PER_CHANNEL: (True, True),
+}
+
+
+class PortableRecipeProvider(BackendRecipeProvider):
+    """``create_recipe(INT8_*, activation_observer="minmax"|"histogram")``; FP32 takes no arguments."""
+
+    @property
+    def backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def get_supported_recipes(self) -> Sequence[RecipeType]:
+        return list(PortableRecipeType)
+
+    def create_recipe(self, recipe_type: RecipeType, **kwargs: Any) -> ExportRecipe | None:
+        if recipe_type not in PortableRecipeType.__members__.values():
+            return None
+        if recipe_type == PortableRecipeType.FP32:
+            if kwargs:
+                raise RecipeError(f"PortableRecipeType.FP32 takes no arguments, got {sorted(kwargs)}")
+            return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME)
+        unknown = set(kwargs) - {"activation_observer"}
+        if unknown:
+            raise RecipeError(f"{recipe_type.name} accepts only activation_observer=, got {sorted(unknown)}")
+        from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
+
+        per_channel, dynamic = _INT8[recipe_type]
+        try:
+            config = SymmetricQuantizationConfig(per_channel, dynamic, kwargs.get("activation_observer", "minmax"))
+        except ValueError as e:
+            raise RecipeError(str(e)) from None
+        return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME,
+                            quantization_recipe=QuantizationRecipe(quantizers=[SymmetricInt8Quantizer(config)]))
+
+
+register_backend_recipe_provider(PortableRecipeProvider())

@@ -1,0 +1,438 @@
+"""The edgetorch ETDump file (.etdp): in-memory mirror, the one writer and the one reader.
+
+An .etdp file is one size-prefixed flatbuffer (schema/etdump.fbs, identifier "EDD1" at bytes [8, 12)):
+a 4-byte little-endian length, then the ``ETDump`` root. Tensor payloads live in a separate *debug buffer*
+file; a ``Tensor`` records where (``offset``, 64-byte aligned, -1 when no bytes were stored) and how much
+(``nbytes``). ``deserialize_etdump`` turns every malformed, truncated or foreign input into an
+``ETDumpFormatError`` that names the field at fault.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import flatbuffers
+import numpy as np
+import torch
+
+from edgetorch.errors import ETDumpFormatError
+from edgetorch.formats._generated import etdump_generated as fb
+from edgetorch.formats.dtypes import CODE_TO_DTYPE, code_dtype
+
+FB_IDENTIFIER = b"EDD1"
+ETDUMP_SCHEMA_VERSION = 1
+DEBUG_BUFFER_ALIGNMENT = 64
+NO_OFFSET = -1
+
+# Well-known profile event names.
+METHOD_EXECUTE = "Method::execute"
+PROGRAM_LOAD_METHOD = "Program::load_method"
+METHOD_INIT = "Method::init"
+DELEGATE_CALL = "DELEGATE_CALL"
+LOAD_BLOCK = "load"
+EXECUTE_BLOCK = "Execute"
+
+_KNOWN_IDENTIFIERS = {b"ED00": "an ExecuTorch ETDump (this reader reads edgetorch ETDumps only)",
+                      b"EDTP": "an edgetorch program (.pte)"}
+
+
+class ValueType(enum.IntEnum):
+    """Which member of a ``Value`` is set (numbered as in the schema)."""
+
+    Null = 0
+    Int = 1
+    Bool = 2
+    Float = 3
+    Double = 4
+    Tensor = 5
+    TensorList = 6
+    String = 7
+
+
+@dataclass
+class Tensor:
+    """A tensor stored contiguously in the debug buffer at ``offset`` (-1: no bytes stored)."""
+
+    scalar_type: int
+    sizes: list[int]
+    strides: list[int]
+    offset: int = NO_OFFSET
+    nbytes: int = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return code_dtype(self.scalar_type)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+
+@dataclass
+class Value:
+    val: ValueType = ValueType.Null
+    tensor: Tensor | None = None
+    tensor_list: list[Tensor] | None = None
+    int_value: int = 0
+    float_value: float = 0.0
+    double_value: float = 0.0
+    bool_value: bool = False
+    string_value: str = ""
+    output: bool = False  # a program output (logged after the last instruction)
+
+
+@dataclass
+class ProfileEvent:
+    name: str
+    chain_index: int = -1
+    instruction_id: int = -1
+    delegate_debug_id_int: int = -1
+    delegate_debug_id_str: str = ""
+    delegate_debug_metadata: bytes = b""
+    start_time: int = 0  # ns
+    end_time: int = 0  # ns
+
+
+@dataclass
+class DebugEvent:
+    chain_index: int = -1
+    instruction_id: int = -1
+    delegate_debug_id_int: int = -1
+    delegate_debug_id_str: str = ""
+    debug_entry: Value = field(default_factory=Value)
+    output_index: int = 0
+    name: str = ""
+
+
+@dataclass
+class Event:
+    """Exactly one of ``profile_event`` and ``debug_event`` is set."""
+
+    profile_event: ProfileEvent | None = None
+    debug_event: DebugEvent | None = None
+
+
+@dataclass
+class RunData:
+    name: str
+    method: str = ""
+    bundled_input_index: int = -1
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class ETDump:
+    version: int = ETDUMP_SCHEMA_VERSION
+    program_hash: str = ""
+    run_data: list[RunData] = field(default_factory=list)
+    debug_buffer_bytes: int = 0  # size of the debug buffer file the tensors point into
+
+
+# ----------------------------------------------------------------------------------------------
+# Writer
+# ----------------------------------------------------------------------------------------------
+
+class _Writer:
+    def __init__(self) -> None:
+        self.b = flatbuffers.Builder(1 << 16)
+        self._long_vecs: dict[tuple[int, ...], int] = {}
+
+    def string(self, s: str) -> int:
+        return self.b.CreateSharedString(s)
+
+    def longs(self, items: list[int]) -> int:
+        key = tuple(items)
+        off = self._long_vecs.get(key)
+        if off is None:  # identical vectors (sizes/strides repeat across runs) are stored once
+            off = self.b.CreateNumpyVector(np.asarray(key, dtype=np.int64))
+            self._long_vecs[key] = off
+        return off
+
+    def offsets(self, start, offs: list[int]) -> int:
+        b = self.b
+        start(b, len(offs))
+        for o in reversed(offs):
+            b.PrependUOffsetTRelative(o)
+        return b.EndVector()
+
+    def tensor(self, t: Tensor) -> int:
+        b = self.b
+        sizes, strides = self.longs(t.sizes), self.longs(t.strides)
+        fb.TensorStart(b)
+        fb.TensorAddScalarType(b, t.scalar_type)
+        fb.TensorAddSizes(b, sizes)
+        fb.TensorAddStrides(b, strides)
+        fb.TensorAddOffset(b, t.offset)
+        fb.TensorAddNbytes(b, t.nbytes)
+        return fb.TensorEnd(b)
+
+    def value(self, v: Value) -> int:
+        b = self.b
+        tensor = tensor_list = string = None
+        if v.val == ValueType.Tensor:
+            if v.tensor is None:
+                raise ValueError("Value of type Tensor has no tensor")
+            tensor = self.tensor(v.tensor)
+        elif v.val == ValueType.TensorList:
+            offs = [self.tensor(t) for t in v.tensor_list or []]
+            vec = self.offsets(fb.TensorListStartTensorsVector, offs)
+            fb.TensorListStart(b)
+            fb.TensorListAddTensors(b, vec)
+            tensor_list = fb.TensorListEnd(b)
+        elif v.val == ValueType.String:
+            string = self.string(v.string_value)
+        fb.ValueStart(b)
+        fb.ValueAddVal(b, int(v.val))
+        if tensor is not None:
+            fb.ValueAddTensor(b, tensor)
+        if tensor_list is not None:
+            fb.ValueAddTensorList(b, tensor_list)
+        if string is not None:
+            fb.ValueAddStringValue(b, string)
+        if v.val == ValueType.Int:
+            fb.ValueAddIntValue(b, v.int_value)
+        elif v.val == ValueType.Float:
+            fb.ValueAddFloatValue(b, v.float_value)
+        elif v.val == ValueType.Double:
+            fb.ValueAddDoubleValue(b, v.double_value)
+        elif v.val == ValueType.Bool:
+            fb.ValueAddBoolValue(b, v.bool_value)
+        if v.output:
+            fb.ValueAddOutput(b, True)
+        return fb.ValueEnd(b)
+
+    def profile_event(self, e: ProfileEvent) -> int:
+        b = self.b
+        name = self.string(e.name)
+        dstr = self.string(e.delegate_debug_id_str) if e.delegate_debug_id_str else None
+        meta = b.CreateByteVector(bytes(e.delegate_debug_metadata)) if e.delegate_debug_metadata else None
+        fb.ProfileEventStart(b)
+        fb.ProfileEventAddName(b, name)
+        fb.ProfileEventAddChainIndex(b, e.chain_index)
+        fb.ProfileEventAddInstructionId(b, e.instruction_id)
+        fb.ProfileEventAddDelegateDebugIdInt(b, e.delegate_debug_id_int)
+        if dstr is not None:
+            fb.ProfileEventAddDelegateDebugIdStr(b, dstr)
+        if meta is not None:
+            fb.ProfileEventAddDelegateDebugMetadata(b, meta)
+        fb.ProfileEventAddStartTime(b, e.start_time)
+        fb.ProfileEventAddEndTime(b, e.end_time)
+        return fb.ProfileEventEnd(b)
+
+    def debug_event(self, e: DebugEvent) -> int:
+        b = self.b
+        entry = self.value(e.debug_entry)
+        name = self.string(e.name) if e.name else None
+        dstr = self.string(e.delegate_debug_id_str) if e.delegate_debug_id_str else None
+        fb.DebugEventStart(b)
+        if name is not None:
+            fb.DebugEventAddName(b, name)
+        fb.DebugEventAddChainIndex(b, e.chain_index)
+        fb.DebugEventAddInstructionId(b, e.instruction_id)
+        fb.DebugEventAddDelegateDebugIdInt(b, e.delegate_debug_id_int)
+        if dstr is not None:
+            fb.DebugEventAddDelegateDebugIdStr(b, dstr)
+        fb.DebugEventAddOutputIndex(b, e.output_index)
+        fb.DebugEventAddDebugEntry(b, entry)
+        return fb.DebugEventEnd(b)
+
+    def event(self, e: Event) -> int:
+        if (e.profile_event is None) == (e.debug_event is None):
+            raise ValueError("an Event needs exactly one of profile_event and debug_event")
+        b = self.b
+        if e.profile_event is not None:
+            p = self.profile_event(e.profile_event)
+            fb.EventStart(b)
+            fb.EventAddProfileEvent(b, p)
+        else:
+            d = self.debug_event(e.debug_event)
+            fb.EventStart(b)
+            fb.EventAddDebugEvent(b, d)
+        return fb.EventEnd(b)
+
+    def run(self, r: RunData) -> int:
+        b = self.b
+        events = self.offsets(fb.RunDataStartEventsVector, [self.event(e) for e in r.events])
+        name, method = self.string(r.name), self.string(r.method)
+        fb.RunDataStart(b)
+        fb.RunDataAddName(b, name)
+        fb.RunDataAddMethod(b, method)
+        fb.RunDataAddBundledInputIndex(b, r.bundled_input_index)
+        fb.RunDataAddEvents(b, events)
+        return fb.RunDataEnd(b)
+
+
+def serialize_etdump(etdump: ETDump) -> bytes:
+    """Encodes ``etdump`` as the bytes of an .etdp file (size-prefixed flatbuffer, identifier "EDD1")."""
+    w = _Writer()
+    b = w.b
+    runs = w.offsets(fb.ETDumpStartRunDataVector, [w.run(r) for r in etdump.run_data])
+    phash = w.string(etdump.program_hash)
+    fb.ETDumpStart(b)
+    fb.ETDumpAddVersion(b, etdump.version)
+    fb.ETDumpAddProgramHash(b, phash)
+    fb.ETDumpAddDebugBufferBytes(b, etdump.debug_buffer_bytes)
+    fb.ETDumpAddRunData(b, runs)
+    b.FinishSizePrefixed(fb.ETDumpEnd(b), file_identifier=FB_IDENTIFIER)
+    return bytes(b.Output())
+
+
+# ----------------------------------------------------------------------------------------------
+# Reader
+# ----------------------------------------------------------------------------------------------
+
+def _str(x: Any) -> str:
+    return x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else (x or "")
+
+
+def _longs(getter, length) -> list[int]:
+    return getter().tolist() if length() else []
+
+
+class _Reader:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.at = "root"  # the field being decoded, for error messages
+
+    def fail(self, msg: str, fld: str) -> ETDumpFormatError:
+        return ETDumpFormatError(f"ETDump: {fld}: {msg}", field=fld, path=self.path)
+
+    def tensor(self, x: fb.Tensor, at: str) -> Tensor:
+        self.at = at
+        code = x.ScalarType()
+        if code not in CODE_TO_DTYPE:
+            raise self.fail(f"unknown scalar type code {code}", f"{at}.scalar_type")
+        sizes = _longs(x.SizesAsNumpy, x.SizesLength)
+        strides = _longs(x.StridesAsNumpy, x.StridesLength)
+        if len(sizes) != len(strides):
+            raise self.fail(f"{len(sizes)} sizes but {len(strides)} strides", f"{at}.strides")
+        if any(s < 0 for s in sizes):
+            raise self.fail(f"negative size in {sizes}", f"{at}.sizes")
+        t = Tensor(code, sizes, strides, x.Offset(), x.Nbytes())
+        want = t.numel * CODE_TO_DTYPE[code].itemsize
+        if t.nbytes != want:
+            raise self.fail(f"nbytes is {t.nbytes}, but {CODE_TO_DTYPE[code]} {sizes} has {want} bytes",
+                            f"{at}.nbytes")
+        if t.offset != NO_OFFSET and (t.offset < 0 or t.offset % DEBUG_BUFFER_ALIGNMENT):
+            raise self.fail(f"debug-buffer offset {t.offset} is neither -1 nor a non-negative multiple of "
+                            f"{DEBUG_BUFFER_ALIGNMENT}", f"{at}.offset")
+        return t
+
+    def value(self, x: fb.Value | None, at: str) -> Value:
+        self.at = at
+        if x is None:
+            raise self.fail("missing", at)
+        tag = x.Val()
+        try:
+            vt = ValueType(tag)
+        except ValueError:
+            raise self.fail(f"unknown value type tag {tag}", f"{at}.val") from None
+        v = Value(vt, output=bool(x.Output()))
+        if vt == ValueType.Tensor:
+            t = x.Tensor()
+            if t is None:
+                raise self.fail("value of type Tensor has no tensor", f"{at}.tensor")
+            v.tensor = self.tensor(t, f"{at}.tensor")
+        elif vt == ValueType.TensorList:
+            tl = x.TensorList()
+            if tl is None:
+                raise self.fail("value of type TensorList has no tensor_list", f"{at}.tensor_list")
+            v.tensor_list = [self.tensor(tl.Tensors(i), f"{at}.tensor_list[{i}]") for i in range(tl.TensorsLength())]
+        elif vt == ValueType.Int:
+            v.int_value = int(x.IntValue())
+        elif vt == ValueType.Float:
+            v.float_value = float(x.FloatValue())
+        elif vt == ValueType.Double:
+            v.double_value = float(x.DoubleValue())
+        elif vt == ValueType.Bool:
+            v.bool_value = bool(x.BoolValue())
+        elif vt == ValueType.String:
+            v.string_value = _str(x.StringValue())
+        return v
+
+    def event(self, e: fb.Event, at: str) -> Event:
+        self.at = at
+        p, d = e.ProfileEvent(), e.DebugEvent()
+        if (p is None) == (d is None):
+            raise self.fail("an event must hold exactly one of profile_event and debug_event", at)
+        if p is not None:
+            self.at = f"{at}.profile_event"
+            meta = p.DelegateDebugMetadataAsNumpy() if p.DelegateDebugMetadataLength() else None
+            return Event(profile_event=ProfileEvent(
+                _str(p.Name()), p.ChainIndex(), p.InstructionId(), p.DelegateDebugIdInt(),
+                _str(p.DelegateDebugIdStr()), meta.tobytes() if meta is not None else b"",
+                int(p.StartTime()), int(p.EndTime())))
+        self.at = f"{at}.debug_event"
+        entry = self.value(d.DebugEntry(), f"{at}.debug_event.debug_entry")
+        self.at = f"{at}.debug_event"
+        return Event(debug_event=DebugEvent(d.ChainIndex(), d.InstructionId(), d.DelegateDebugIdInt(),
+                                            _str(d.DelegateDebugIdStr()), entry, d.OutputIndex(), _str(d.Name())))
+
+    def run(self, r: fb.RunData, at: str) -> RunData:
+        self.at = at
+        run = RunData(_str(r.Name()), _str(r.Method()), r.BundledInputIndex())
+        run.events = [self.event(r.Events(j), f"{at}.events[{j}]") for j in range(r.EventsLength())]
+        return run
+
+
+def check_header(data: bytes | bytearray | memoryview, path: str | None = None) -> int:
+    """Validates size prefix, identifier and version; returns the schema version."""
+    n = len(data)
+    if n < 12:
+        raise ETDumpFormatError(f"ETDump is truncated: {n} bytes, the size prefix, root offset and identifier "
+                                "alone take 12", field="size_prefix", path=path)
+    ident = bytes(data[8:12])
+    (declared,) = struct.unpack_from("<I", data, 0)
+    if ident != FB_IDENTIFIER:
+        what = _KNOWN_IDENTIFIERS.get(ident, "not an edgetorch ETDump")
+        raise ETDumpFormatError(f"file identifier is {ident!r}, expected {FB_IDENTIFIER!r}: {what}",
+                                field="file_identifier", path=path)
+    if declared + 4 > n:
+        raise ETDumpFormatError(f"ETDump is truncated: it declares {declared + 4} bytes, the data has {n}",
+                                field="size_prefix", path=path)
+    if declared + 4 < n:
+        raise ETDumpFormatError(f"ETDump has {n - declared - 4} unexpected trailing bytes after its "
+                                f"{declared + 4} declared bytes", field="size_prefix", path=path)
+    try:
+        version = fb.ETDump.GetRootAs(data, 4).Version()
+    except Exception as e:
+        raise ETDumpFormatError(f"malformed ETDump root ({type(e).__name__}: {e})", field="version",
+                                path=path) from None
+    if version != ETDUMP_SCHEMA_VERSION:
+        raise ETDumpFormatError(f"unsupported ETDump schema version {version} (this reader reads "
+                                f"{ETDUMP_SCHEMA_VERSION})", field="version", path=path)
+    return version
+
+
+def deserialize_etdump(data: bytes | bytearray | memoryview, path: str | None = None) -> ETDump:
+    """Decodes the bytes of an .etdp file; any malformed, truncated or foreign input raises
+    ``ETDumpFormatError`` naming the field (``path`` only labels the messages)."""
+    if isinstance(data, memoryview):
+        data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        data = bytes(data)
+    elif not isinstance(data, (bytes, bytearray)):
+        raise TypeError(f"deserialize_etdump expects bytes, bytearray or memoryview, got {type(data).__name__}")
+    version = check_header(data, path)
+    r = _Reader(path)
+    try:
+        root = fb.ETDump.GetRootAs(data, 4)
+        r.at = "program_hash"
+        phash = _str(root.ProgramHash())
+        r.at = "debug_buffer_bytes"
+        dbb = root.DebugBufferBytes()
+        if dbb < 0:
+            raise r.fail(f"negative size {dbb}", "debug_buffer_bytes")
+        r.at = "run_data"
+        runs = [r.run(root.RunData(i), f"run_data[{i}]") for i in range(root.RunDataLength())]
+    except ETDumpFormatError:
+        raise
+    except Exception as e:  # the generated accessors do no bounds checks
+        raise ETDumpFormatError(f"ETDump: {r.at}: malformed data ({type(e).__name__}: {e})", field=r.at,
+                                path=path) from None
+    return ETDump(version, phash, runs, dbb)

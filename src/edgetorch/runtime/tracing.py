@@ -1,0 +1,795 @@
+"""Event tracing for the runtime: ``ProgramTracer`` records ETDump events while a program loads and runs, and
+copies every intermediate output into a debug-buffer sink (``BufferSink`` in memory, ``FileSink`` streamed).
+
+Only imported when ``load_program`` is asked for an ETDump or a debug buffer. Everything that does not depend
+on the inputs is worked out once per method at load time: which instructions to time, which bytes to copy
+from where, and for each copied tensor the first later instruction that overwrites its arena bytes. A traced
+run then adds two clock reads per instruction and, per output tensor, an offset allocation and a queue
+entry: a writer thread copies the bytes into the sink while the next kernels run, and the run only waits for
+it before an instruction that would overwrite bytes not yet copied (and at the end of the run). Events are
+kept as compact per-run records and only turned into ``formats.etdump`` objects by ``etdump()``/``write()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from edgetorch._fileio import atomic_write
+from edgetorch.errors import DebugBufferOverflowError, EdgeTorchError
+from edgetorch.formats import etdump as ed
+from edgetorch.formats import program as pf
+from edgetorch.formats.dtypes import code_dtype, dtype_code
+
+ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
+_ZEROS = memoryview(bytes(ALIGNMENT))
+_STATIC_PLACEMENTS = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_ALIAS)
+_memmove = ctypes.memmove  # releases the GIL while it copies
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+def _contiguous_strides(sizes: list[int]) -> list[int]:
+    strides, acc = [0] * len(sizes), 1
+    for i in range(len(sizes) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(sizes[i], 1)
+    return strides
+
+
+def _raw_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (0-dim and every dtype, bfloat16 included)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The address range [lo, hi) of the storage bytes a tensor covers (empty for empty tensors)."""
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo
+    return lo, lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+# ----------------------------------------------------------------------------------------------
+# Sinks
+# ----------------------------------------------------------------------------------------------
+
+class DebugSink:
+    """Append-only store for tensor bytes; every blob starts at a 64-byte aligned offset (zero padding).
+
+    ``alloc`` (the running thread) hands out offsets in order; ``put`` (the writer thread) stores the bytes of
+    each allocated blob, in the same order. Offsets are final as soon as they are allocated.
+    """
+
+    path: str | None = None
+    method = ""  # the method running now (for messages)
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes allocated so far: up to the end of the last blob, rounded up to the alignment."""
+        raise NotImplementedError
+
+    def reserve(self, nbytes: int, method: str, what: str = "a run") -> None:
+        """Makes sure ``nbytes`` more fit (before a run allocates anything), or raises
+        ``DebugBufferOverflowError``."""
+
+    def alloc(self, nbytes: int) -> int:
+        """Reserves room for the next ``nbytes``-byte blob; returns its offset."""
+        raise NotImplementedError
+
+    def put(self, offset: int, address: int, data: memoryview) -> None:
+        """Stores the blob allocated at ``offset`` (its bytes are at ``address``, also given as ``data``)."""
+        raise NotImplementedError
+
+    def rollback(self, mark: int) -> None:
+        """Forgets everything allocated after ``mark`` (a failed run leaves nothing behind)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        pass
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the used prefix of the buffer to ``path`` atomically."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _Chunk:
+    __slots__ = ("base", "size", "used", "map", "addr")
+
+    def __init__(self, base: int, size: int) -> None:
+        self.base, self.size, self.used = base, size, 0
+        self.map = mmap.mmap(-1, size) if size else None  # zero pages, mapped when first written
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map)) if size else 0
+
+    def view(self) -> memoryview:
+        return memoryview(self.map)[:self.used] if self.map is not None else memoryview(b"")
+
+
+class BufferSink(DebugSink):
+    """In-memory sink. ``capacity`` bytes, preallocated, when given (overflow raises; as every blob is padded
+    to 64 bytes, a capacity that is not a multiple of 64 is rounded down); with ``capacity=None`` ("auto") it
+    grows by exactly the bytes each run reserves, one chunk per run, never copying old data."""
+
+    def __init__(self, capacity: int | None) -> None:
+        self.fixed = capacity is not None
+        self.capacity = capacity
+        self._chunks = [_Chunk(0, (capacity or 0) & ~(ALIGNMENT - 1))]
+        self._cur = self._chunks[0]
+
+    @property
+    def used_bytes(self) -> int:
+        return self._cur.base + self._cur.used
+
+    def reserve(self, nbytes: int, method: str, what: str = "a run") -> None:
+        c = self._cur
+        if c.used + nbytes <= c.size:
+            return
+        if self.fixed:
+            raise DebugBufferOverflowError(
+                f"debug buffer of {self.capacity} bytes is too small: {what} of method '{method}' stores "
+                f"{nbytes} bytes of intermediate outputs and only {c.size - c.used} are left ({c.used} used by "
+                f"earlier runs); a buffer of at least {c.used + nbytes} bytes is needed (or pass "
+                "debug_buffer_size='auto' to size it per run, or debug_buffer_path to stream to a file)",
+                needed_bytes=c.used + nbytes, capacity=self.capacity or 0)
+        c.size = c.used  # later chunks start where this one's data ends
+        self._cur = _Chunk(c.base + c.used, _aligned(nbytes))
+        self._chunks.append(self._cur)
+
+    def alloc(self, nbytes: int) -> int:
+        c = self._cur
+        pos = c.used
+        if pos + nbytes > c.size:  # only blobs nobody reserved for (delegate outputs, dynamic tensors)
+            self.reserve(nbytes, self.method, "an output logged during a run")
+            c = self._cur
+            pos = c.used
+        c.used = (pos + nbytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        return c.base + pos
+
+    def put(self, offset: int, address: int, data: memoryview) -> None:
+        for c in reversed(self._chunks):
+            if offset >= c.base:
+                _memmove(c.addr + offset - c.base, address, data.nbytes)
+                return
+
+    def rollback(self, mark: int) -> None:
+        while len(self._chunks) > 1 and self._cur.base > mark:
+            self._chunks.pop()
+            self._cur = self._chunks[-1]
+            self._cur.size = self._cur.map.size() if self._cur.map is not None else 0
+        c = self._cur
+        pos = mark - c.base
+        if c.used > pos:
+            ctypes.memset(c.addr + pos, 0, c.used - pos)  # padding must read as zeros again
+        c.used = pos
+
+    def chunks(self) -> Iterator[memoryview]:
+        for c in self._chunks:
+            if c.used:
+                yield c.view()
+
+    def save(self, path: str | os.PathLike) -> None:
+        atomic_write(path, self.chunks())
+
+    def getvalue(self) -> bytes:
+        """The used prefix of the buffer (a copy)."""
+        return b"".join(bytes(c) for c in self.chunks())
+
+
+class FileSink(DebugSink):
+    """Streams blobs to ``path`` (opened and truncated now); no size limit unless ``limit`` is given."""
+
+    def __init__(self, path: str | os.PathLike, limit: int | None = None) -> None:
+        self.path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._f = open(self.path, "wb", buffering=1 << 20)
+        self._pos = 0  # allocated
+        self._written = 0  # put
+        self.limit = limit
+
+    @property
+    def used_bytes(self) -> int:
+        return self._pos
+
+    def reserve(self, nbytes: int, method: str, what: str = "a run") -> None:
+        if self.limit is not None and self._pos + nbytes > self.limit:
+            raise DebugBufferOverflowError(
+                f"debug buffer file {self.path} is limited to {self.limit} bytes: {what} of method '{method}' "
+                f"stores {nbytes} bytes and only {self.limit - self._pos} are left; a limit of at least "
+                f"{self._pos + nbytes} bytes is needed", needed_bytes=self._pos + nbytes, capacity=self.limit)
+
+    def alloc(self, nbytes: int) -> int:
+        pos = self._pos
+        if self.limit is not None and pos + nbytes > self.limit:
+            self.reserve(nbytes, self.method, "an output logged during a run")
+        self._pos = (pos + nbytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        return pos
+
+    def put(self, offset: int, address: int, data: memoryview) -> None:
+        if offset != self._written:
+            raise EdgeTorchError(f"debug buffer file {self.path}: blob at offset {offset} written out of order "
+                                 f"(the file has {self._written} bytes)")
+        n = data.nbytes
+        self._f.write(data)
+        pad = -n & (ALIGNMENT - 1)
+        if pad:
+            self._f.write(_ZEROS[:pad])
+        self._written = offset + n + pad
+
+    def rollback(self, mark: int) -> None:
+        self._f.flush()
+        self._f.seek(mark)
+        self._f.truncate(mark)
+        self._pos = self._written = mark
+
+    def flush(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.flush()
+        if os.path.abspath(os.fspath(path)) == os.path.abspath(self.path):
+            return
+        if os.path.exists(path) and os.path.samefile(path, self.path):
+            return
+
+        def copy(dst) -> None:
+            with open(self.path, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 22)
+        atomic_write(path, writer=copy)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+class _Writer:
+    """The thread that copies queued blobs into a sink during one run. ``done`` is the mark of the last
+    static blob stored (marks count a run's static blobs, 1-based; other blobs carry 0)."""
+
+    def __init__(self, sink: DebugSink) -> None:
+        self.sink = sink
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.done = 0
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._loop, name="edgetorch-debug-buffer-writer", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        get, put, cond = self.q.get, self.sink.put, self.cond
+        while True:
+            item = get()
+            if item is None:
+                return
+            off, addr, data, _keep, mark = item
+            if self.error is None:
+                try:
+                    put(off, addr, data)
+                except BaseException as e:  # reported by wait()/finish() in the running thread
+                    self.error = e
+            if mark:
+                with cond:
+                    self.done = mark
+                    cond.notify()
+
+    def wait(self, mark: int) -> None:
+        with self.cond:
+            while self.done < mark and self.error is None:
+                self.cond.wait()
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        self.q.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def make_sink(debug_buffer_size: int | str = 0, debug_buffer_path: str | os.PathLike | None = None
+              ) -> DebugSink | None:
+    """The sink ``load_program``'s arguments ask for: a file when a path is given (limited to
+    ``debug_buffer_size`` bytes when that is an int > 0), else a fixed buffer of ``debug_buffer_size`` bytes,
+    else a growing one for "auto"; ``None`` when no intermediates are wanted."""
+    size = debug_buffer_size
+    if isinstance(size, bool) or not isinstance(size, (int, str)) or size is None:
+        raise TypeError(f"debug_buffer_size must be a number of bytes or 'auto', got {size!r}")
+    if isinstance(size, str) and size != "auto":
+        raise ValueError(f"debug_buffer_size must be a number of bytes or 'auto', got {size!r}")
+    if isinstance(size, int) and size < 0:
+        raise ValueError(f"debug_buffer_size must be >= 0, got {size}")
+    if debug_buffer_path is not None:
+        return FileSink(debug_buffer_path, size if isinstance(size, int) and size > 0 else None)
+    if size == "auto":
+        return BufferSink(None)
+    if size:
+        return BufferSink(size)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-method static trace plan
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Out:
+    """One logged value: an instruction output or a program output."""
+
+    index: int  # output index within the instruction (or the program)
+    vid: int
+    name: str
+    dynamic: bool  # resolved at run time (not a fixed tensor slot)
+    template: ed.Tensor | None = None  # static tensors: everything but the offset
+    slot: int = -1  # static tensors with bytes: index of their offset in the run's offsets list
+    scalar: Any = None  # static non-tensor values
+
+
+def _plan_bytes(plan: pf.PlanDef) -> int:
+    """Bytes one run stores: each output of a non-view instruction, plus each program output that is not
+    one of those, 64-byte aligned (equals ``plan.debug_buffer_bytes`` when every output comes from a
+    non-view instruction)."""
+    def nbytes(vid: int) -> int:
+        t = plan.values[vid]
+        if not isinstance(t, pf.TensorDef):
+            return 0
+        n = code_dtype(t.scalar_type).itemsize
+        for s in t.sizes:
+            n *= s
+        return _aligned(n)
+
+    logged = {o for ins in plan.instructions
+              if not (isinstance(ins.call, pf.KernelCallDef) and ins.call.kind == pf.CALL_VIEW)
+              for o in ins.call.outputs}
+    return sum(nbytes(v) for v in logged) + sum(nbytes(v) for v in dict.fromkeys(plan.outputs) if v not in logged)
+
+
+class _MethodTrace:
+    """What a traced run of one method does, worked out once: the instructions to time (VIEW instructions
+    ran at load and are skipped) and, per logged value, the bytes to copy and the event to record.
+
+    ``steps`` holds ``(instruction id, runner, actions, need)``: before the instruction runs, the writer must
+    have stored the static blobs up to mark ``need`` (0: no wait), because the instruction overwrites their
+    arena bytes. Each action is ``(pre, address, data, nbytes, mark)``: ``pre`` (if any) runs first (a copy
+    into private staging memory, or the logging of a value only known at run time), then a blob of
+    ``nbytes`` at ``address`` is queued (when ``data`` is not None).
+    """
+
+    def __init__(self, tracer: ProgramTracer, method: Any, log_values: bool) -> None:
+        self.method = method
+        self.name = method.name
+        plan = method.plan
+        self.infos = [i for i in sorted(method.instructions, key=lambda i: i.index) if i.kind != "VIEW"]
+        self.outs: list[list[_Out]] = []
+        self.run_bytes = 0
+        self.num_slots = 0
+        self._slot_of: dict[int, int] = {}  # vid -> offsets slot of a stored instruction output
+        self._staging: list[torch.Tensor] = []
+        # per static blob: (step that produced it, [lo, hi) source address range or None if private)
+        self._blobs: list[tuple[int, tuple[int, int] | None]] = []
+        actions_per: list[list] = []
+        for i, info in enumerate(self.infos):
+            outs: list[_Out] = []
+            actions: list = []
+            if log_values:
+                for j, vid in enumerate(info.outputs):
+                    outs.append(self._out(tracer, i, j, vid, info.node_name, info.index, actions))
+            self.outs.append(outs)
+            actions_per.append(actions)
+        self.program_outs: list[_Out] = []
+        self.out_actions: list = []
+        if log_values:
+            names = plan.output_names
+            for j, vid in enumerate(plan.outputs):
+                name = names[j] if j < len(names) else f"output_{j}"
+                slot = self._slot_of.get(vid)
+                if slot is not None:  # the bytes logged after the instruction that wrote it (still live)
+                    first = next(o for outs in self.outs for o in outs if o.slot == slot)
+                    self.program_outs.append(_Out(j, vid, name, False, first.template, slot))
+                else:
+                    self.program_outs.append(self._out(tracer, len(self.infos), j, vid, name, -1,
+                                                       self.out_actions))
+        needs = self._needs() if log_values else [0] * len(self.infos)
+        run = method.run_instruction
+        self.steps: list[tuple[int, Callable[[int], None], list, int]] = []
+        for info, actions, need in zip(self.infos, actions_per, needs):
+            runner = functools.partial(tracer._run_delegate, run) if info.kind == "DELEGATE" else run
+            self.steps.append((info.index, runner, actions, need))
+
+    def _out(self, tracer: ProgramTracer, step: int, j: int, vid: int, name: str, k: int, actions: list) -> _Out:
+        m = self.method
+        v = m.plan.values[vid]
+        cur = m.value(vid)
+        if isinstance(v, pf.TensorDef) and v.placement in _STATIC_PLACEMENTS and isinstance(cur, torch.Tensor):
+            sizes = list(cur.shape)
+            nbytes = cur.numel() * cur.element_size()
+            o = _Out(j, vid, name, False, ed.Tensor(dtype_code(cur.dtype), sizes, _contiguous_strides(sizes),
+                                                     ed.NO_OFFSET, nbytes))
+            if nbytes:
+                o.slot = self.num_slots
+                self.num_slots += 1
+                self._slot_of.setdefault(vid, o.slot)
+                self.run_bytes += _aligned(nbytes)
+                mark = len(self._blobs) + 1
+                if cur.is_contiguous():
+                    actions.append((None, cur.data_ptr(), _raw_bytes(cur), nbytes, mark))
+                    self._blobs.append((step, _span(cur)))
+                else:  # copied into private staging memory first (kept until the run's end)
+                    stage = torch.empty(nbytes, dtype=torch.uint8)
+                    self._staging.append(stage)
+                    dst = stage.view(cur.dtype).view(cur.shape)
+                    actions.append((functools.partial(dst.copy_, cur), stage.data_ptr(), _raw_bytes(stage),
+                                    nbytes, mark))
+                    self._blobs.append((step, None))
+            return o
+        if isinstance(v, pf.TensorDef) or isinstance(cur, (torch.Tensor, list, tuple)):
+            actions.append((functools.partial(tracer._log_dynamic, self, k, j, vid, name), 0, None, 0, 0))
+            return _Out(j, vid, name, True)
+        return _Out(j, vid, name, False, scalar=cur)
+
+    def _needs(self) -> list[int]:
+        """For each step, the blob mark the writer must have reached before it runs: a blob's deadline is
+        the first later step writing to an address range that overlaps its source bytes."""
+        written: list[list[tuple[int, int]]] = []
+        for info in self.infos:
+            spans = []
+            for vid in info.outputs:
+                t = self.method.value(vid)
+                if isinstance(t, torch.Tensor) and t.numel():
+                    spans.append(_span(t))
+            written.append(spans)
+        by_step: dict[int, list[tuple[int, int, int]]] = {}
+        for mark, (step, rng) in enumerate(self._blobs, 1):
+            if rng is not None:
+                by_step.setdefault(step, []).append((rng[0], rng[1], mark))
+        needs, pending, reached = [], [], 0
+        for i, spans in enumerate(written):
+            need = 0
+            if pending and spans:
+                keep = []
+                for lo, hi, mark in pending:
+                    if any(lo < whi and wlo < hi for wlo, whi in spans):
+                        need = max(need, mark)
+                    else:
+                        keep.append((lo, hi, mark))
+                pending = keep
+            needs.append(need if need > reached else 0)
+            reached = max(reached, need)
+            pending.extend(by_step.get(i, ()))
+        return needs
+
+
+# ----------------------------------------------------------------------------------------------
+# Recorded runs
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _ExecRun:
+    trace: _MethodTrace
+    bundled_input_index: int
+    times: list[int] = field(default_factory=list)  # (start, end) per instruction, in instruction order
+    offsets: list[int] = field(default_factory=list)  # one per stored static tensor, in logging order
+    extra: dict[int, list[ed.Event]] = field(default_factory=dict)  # instruction id -> delegate/dynamic events
+    start: int = 0
+    end: int = 0
+
+    def to_run_data(self) -> ed.RunData:
+        mt, times, offsets = self.trace, self.times, self.offsets
+        events: list[ed.Event] = []
+        add = events.append
+
+        def debug(o: _Out, chain: int, k: int, output: bool) -> None:
+            if o.dynamic:
+                return  # recorded while running, in ``extra``
+            if o.template is not None:
+                t = o.template
+                off = offsets[o.slot] if o.slot >= 0 else ed.NO_OFFSET
+                value = ed.Value(ed.ValueType.Tensor, tensor=ed.Tensor(t.scalar_type, t.sizes, t.strides, off,
+                                                                       t.nbytes), output=output)
+            else:
+                value = _scalar_value(o.scalar)
+                value.output = output
+            add(ed.Event(debug_event=ed.DebugEvent(chain, k, -1, "", value, o.index, o.name)))
+
+        for i, info in enumerate(mt.infos):
+            k = info.index
+            add(ed.Event(profile_event=ed.ProfileEvent(info.name, 0, k, start_time=times[2 * i],
+                                                       end_time=times[2 * i + 1])))
+            extra = self.extra.get(k)
+            if extra:
+                events.extend(extra)
+            for o in mt.outs[i]:
+                debug(o, 0, k, False)
+        for o in mt.program_outs:
+            debug(o, -1, -1, True)
+        extra = self.extra.get(-1)
+        if extra:
+            events.extend(extra)
+        add(ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_EXECUTE, -1, -1, start_time=self.start,
+                                                   end_time=self.end)))
+        return ed.RunData(ed.EXECUTE_BLOCK, mt.name, self.bundled_input_index, events)
+
+
+def _scalar_value(v: Any) -> ed.Value:
+    if v is None:
+        return ed.Value(ed.ValueType.Null)
+    if isinstance(v, bool):
+        return ed.Value(ed.ValueType.Bool, bool_value=v)
+    if isinstance(v, int):
+        return ed.Value(ed.ValueType.Int, int_value=v)
+    if isinstance(v, float):
+        return ed.Value(ed.ValueType.Double, double_value=v)
+    if isinstance(v, str):
+        return ed.Value(ed.ValueType.String, string_value=v)
+    raise TypeError(f"cannot log a value of type {type(v).__name__} in an ETDump")
+
+
+# ----------------------------------------------------------------------------------------------
+# The tracer
+# ----------------------------------------------------------------------------------------------
+
+class ProgramTracer:
+    """Records an ETDump for one loaded program: a "load" block per ``load_method`` and an "Execute" block
+    per ``Method.execute``, with a profile event per instruction and, when a debug buffer is configured, a
+    debug event per instruction output and per program output (tensor bytes go to the sink).
+
+    ``debug_buffer_size``: 0 (profiling only), an int (fixed in-memory buffer of that many bytes, kept across
+    runs until full) or "auto" (in memory, grows by what each run needs). ``debug_buffer_path``: stream the
+    tensor bytes to that file instead (no size limit unless ``debug_buffer_size`` is an int > 0).
+    """
+
+    def __init__(self, program: Any, debug_buffer_size: int | str = 0,
+                 debug_buffer_path: str | os.PathLike | None = None) -> None:
+        self._program = program
+        self._sink = make_sink(debug_buffer_size, debug_buffer_path)
+        self._traces: dict[str, _MethodTrace] = {}
+        self._runs: list[_ExecRun | ed.RunData] = []
+        self._bundled_input_index = -1
+        self._run: _ExecRun | None = None  # the run in progress
+        self._writer: _Writer | None = None  # its debug-buffer writer
+        self._delegate_k = -1  # instruction id of the DELEGATE_CALL in progress
+
+    # -- configuration ------------------------------------------------------------------------------
+    @property
+    def sink(self) -> DebugSink | None:
+        return self._sink
+
+    @property
+    def logs_intermediates(self) -> bool:
+        return self._sink is not None
+
+    def set_bundled_input_index(self, index: int) -> None:
+        """Tags the following runs with the bundled test-case index they ran (-1: none)."""
+        self._bundled_input_index = int(index)
+
+    def required_debug_buffer_bytes(self, method_name: str) -> int:
+        """Bytes one run of ``method_name`` stores in the debug buffer (every instruction output and every
+        program output, each 64-byte aligned): ``debug_buffer_size`` must be at least runs x this."""
+        mt = self._traces.get(method_name)
+        if mt is not None:
+            return mt.run_bytes
+        plans = self._program._plans
+        if method_name not in plans:
+            raise KeyError(f"program has no method '{method_name}'; methods: {sorted(plans)}")
+        return _plan_bytes(plans[method_name])
+
+    # -- loading -------------------------------------------------------------------------------------
+    def load_method(self, name: str) -> Any:
+        """Builds the ``Method`` (recording "Method::init" and "Program::load_method" in a "load" block)."""
+        from edgetorch.runtime.method import Method
+
+        clock = time.perf_counter_ns
+        t0 = clock()
+        plan = self._program._plans[name]
+        t1 = clock()
+        method = Method(self._program, plan)
+        t2 = clock()
+        method.tracer = self
+        self._traces[name] = _MethodTrace(self, method, self._sink is not None)
+        t3 = clock()
+        self._runs.append(ed.RunData(ed.LOAD_BLOCK, name, -1, [
+            ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_INIT, start_time=t1, end_time=t2)),
+            ed.Event(profile_event=ed.ProfileEvent(ed.PROGRAM_LOAD_METHOD, start_time=t0, end_time=t3)),
+        ]))
+        return method
+
+    def _trace_for(self, method: Any) -> _MethodTrace:
+        mt = self._traces.get(method.name)
+        if mt is None or mt.method is not method:  # a Method built elsewhere and handed this tracer
+            mt = _MethodTrace(self, method, self._sink is not None)
+            self._traces[method.name] = mt
+        return mt
+
+    # -- running -------------------------------------------------------------------------------------
+    def run_method(self, method: Any) -> None:
+        """Runs every instruction of ``method`` (inputs already copied in), recording one "Execute" block."""
+        mt = self._trace_for(method)
+        sink = self._sink
+        run = _ExecRun(mt, self._bundled_input_index)
+        ta = run.times.append
+        clock = time.perf_counter_ns
+        if sink is None:
+            self._run = run
+            try:
+                run.start = clock()
+                for k, runner, _actions, _need in mt.steps:
+                    t0 = clock()
+                    runner(k)
+                    t1 = clock()
+                    ta(t0)
+                    ta(t1)
+                run.end = clock()
+            finally:
+                self._run = None
+                self._delegate_k = -1
+            self._runs.append(run)
+            return
+        sink.method = mt.name
+        sink.reserve(mt.run_bytes, mt.name)  # raises before anything of this run is allocated
+        mark = sink.used_bytes
+        oa = run.offsets.append
+        alloc = sink.alloc
+        writer = self._writer = _Writer(sink)
+        qput = writer.q.put
+        self._run = run
+        try:
+            run.start = clock()
+            for k, runner, actions, need in mt.steps:
+                if need and writer.done < need:
+                    writer.wait(need)
+                t0 = clock()
+                runner(k)
+                t1 = clock()
+                ta(t0)
+                ta(t1)
+                for pre, addr, data, n, m in actions:
+                    if pre is not None:
+                        pre()
+                    if data is not None:
+                        off = alloc(n)
+                        oa(off)
+                        qput((off, addr, data, None, m))
+            for pre, addr, data, n, m in mt.out_actions:
+                if pre is not None:
+                    pre()
+                if data is not None:
+                    off = alloc(n)
+                    oa(off)
+                    qput((off, addr, data, None, m))
+            self._writer = None
+            writer.finish()
+            run.end = clock()
+        except BaseException:
+            self._writer = None
+            try:
+                writer.finish()
+            except BaseException:
+                pass
+            sink.rollback(mark)
+            raise
+        finally:
+            self._run = None
+            self._delegate_k = -1
+        self._runs.append(run)
+
+    def _run_delegate(self, run_instruction: Callable[[int], None], k: int) -> None:
+        self._delegate_k = k
+        try:
+            run_instruction(k)
+        finally:
+            self._delegate_k = -1
+
+    def _store(self, t: torch.Tensor) -> ed.Tensor:
+        """Queues a copy of a tensor only known at run time (its own memory, so no deadline)."""
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.clone(memory_format=torch.contiguous_format)
+        sizes = list(t.shape)
+        nbytes = t.numel() * t.element_size()
+        off = ed.NO_OFFSET
+        if nbytes:
+            off = self._sink.alloc(nbytes)
+            self._writer.q.put((off, t.data_ptr(), _raw_bytes(t), t, 0))
+        return ed.Tensor(dtype_code(t.dtype), sizes, _contiguous_strides(sizes), off, nbytes)
+
+    def _value(self, v: Any) -> ed.Value:
+        if isinstance(v, torch.Tensor):
+            return ed.Value(ed.ValueType.Tensor, tensor=self._store(v))
+        if isinstance(v, (list, tuple)) and all(isinstance(x, torch.Tensor) for x in v):
+            return ed.Value(ed.ValueType.TensorList, tensor_list=[self._store(x) for x in v])
+        return _scalar_value(v)
+
+    def _log_dynamic(self, mt: _MethodTrace, k: int, j: int, vid: int, name: str) -> None:
+        value = self._value(mt.method.value(vid))
+        chain = 0 if k >= 0 else -1
+        value.output = k < 0
+        self._run.extra.setdefault(k, []).append(
+            ed.Event(debug_event=ed.DebugEvent(chain, k, -1, "", value, j, name)))
+
+    # -- delegate API --------------------------------------------------------------------------------
+    def _delegate_ids(self, name_or_id: int | str, api: str) -> tuple[int, str]:
+        if self._run is None or self._delegate_k < 0:
+            raise EdgeTorchError(f"tracer.{api} may only be called by a backend while its DELEGATE_CALL "
+                                 "instruction executes")
+        if isinstance(name_or_id, bool) or not isinstance(name_or_id, (int, str)):
+            raise TypeError(f"delegate debug identifier must be an int or a str, got {name_or_id!r}")
+        if isinstance(name_or_id, int):
+            if name_or_id < 0:
+                raise ValueError(f"delegate debug identifier must be >= 0, got {name_or_id}")
+            return name_or_id, ""
+        if not name_or_id:
+            raise ValueError("delegate debug identifier must not be empty")
+        return -1, name_or_id
+
+    def log_delegate_profile(self, name_or_id: int | str, start_ns: int, end_ns: int,
+                             metadata: bytes = b"") -> None:
+        """Records a backend-internal timed event inside the running DELEGATE_CALL (times in ns, or in the
+        backend's own unit; ``metadata`` is kept as opaque bytes)."""
+        id_int, id_str = self._delegate_ids(name_or_id, "log_delegate_profile")
+        k = self._delegate_k
+        self._run.extra.setdefault(k, []).append(ed.Event(profile_event=ed.ProfileEvent(
+            str(name_or_id), 0, k, id_int, id_str, bytes(metadata), int(start_ns), int(end_ns))))
+
+    def log_delegate_output(self, name_or_id: int | str, value: Any) -> None:
+        """Records a backend-internal output (tensor, list of tensors, int, bool, float, str) inside the
+        running DELEGATE_CALL; tensor bytes go to the debug buffer. Ignored without a debug buffer."""
+        id_int, id_str = self._delegate_ids(name_or_id, "log_delegate_output")
+        if self._sink is None:
+            return
+        k = self._delegate_k
+        self._run.extra.setdefault(k, []).append(ed.Event(debug_event=ed.DebugEvent(
+            0, k, id_int, id_str, self._value(value), 0, "")))
+
+    # -- results -------------------------------------------------------------------------------------
+    @property
+    def num_runs(self) -> int:
+        """Execute blocks recorded so far."""
+        return sum(isinstance(r, _ExecRun) for r in self._runs)
+
+    def etdump(self) -> ed.ETDump:
+        """Everything recorded so far as an ``ETDump`` (load blocks and execute blocks in order)."""
+        runs = [r.to_run_data() if isinstance(r, _ExecRun) else r for r in self._runs]
+        used = self._sink.used_bytes if self._sink is not None else 0
+        return ed.ETDump(ed.ETDUMP_SCHEMA_VERSION, self._program.content_hash, runs, used)
+
+    def write(self, etdump_path: str | os.PathLike, debug_buffer_path: str | os.PathLike | None = None) -> None:
+        """Writes the ETDump (atomically) and, when intermediates were recorded, the used prefix of the debug
+        buffer. A streaming file sink needs no ``debug_buffer_path`` (its file is complete after a flush);
+        given another path, the stream is copied there."""
+        sink = self._sink
+        if sink is not None:
+            if debug_buffer_path is not None:
+                sink.save(debug_buffer_path)
+            elif isinstance(sink, FileSink):
+                sink.flush()
+            elif sink.used_bytes:
+                raise EdgeTorchError(
+                    f"intermediate outputs were recorded ({sink.used_bytes} bytes in the in-memory debug "
+                    "buffer): pass debug_buffer_path to write them next to the ETDump")
+        atomic_write(etdump_path, [ed.serialize_etdump(self.etdump())])
+
+    def clear(self) -> None:
+        """Forgets every recorded block and rewinds the debug buffer (methods stay loaded)."""
+        self._runs.clear()
+        if self._sink is not None:
+            self._sink.rollback(0)
+
+    def close(self) -> None:
+        if self._sink is not None:
+            self._sink.close()
