@@ -1,7 +1,8 @@
 """Distance metrics for numeric gaps: MSE, L1, SNR (dB), COSINE, MAX_ABS, or a user comparator.
 
-Every metric compares an AOT (reference) tensor ``a`` with a runtime tensor ``b`` as float64 vectors of the same
-number of elements (shapes may differ when one side is a view of the other). NaNs count as differences.
+Every metric compares an AOT (reference) tensor ``a`` with a runtime tensor ``b`` as flat vectors of the same
+number of elements (shapes may differ when one side is a view of the other), in their common floating precision
+(at least float32) with sums accumulated in float64. NaNs count as differences.
 """
 
 from __future__ import annotations
@@ -31,16 +32,28 @@ class NumericalComparatorBase(ABC):
         return float(self.element_compare(a, b))
 
 
-def _f64(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return a.detach().reshape(-1).to(torch.float64), b.detach().reshape(-1).to(torch.float64)
+def _prep(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat views of both tensors in a common floating dtype of at least float32 (no copy for float32)."""
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    dt = torch.promote_types(a.dtype, b.dtype)
+    if not dt.is_floating_point or dt.itemsize < 4:
+        dt = torch.float32 if dt.is_floating_point else torch.float64
+    return a.to(dt), b.to(dt)
+
+
+def _sq_norm(x: torch.Tensor) -> float:
+    """Sum of squares, accumulated in float64 (differences and products stay in the inputs' precision)."""
+    return torch.linalg.vector_norm(x, dtype=torch.float64).item() ** 2 if x.numel() else 0.0
 
 
 class MSEComparator(NumericalComparatorBase):
     name = "MSE"
 
     def element_compare(self, a, b):
-        a, b = _f64(a, b)
-        return torch.mean((a - b) ** 2).item() if a.numel() else 0.0
+        a, b = _prep(a, b)
+        if not a.numel() or torch.equal(a, b):
+            return 0.0
+        return _sq_norm(a - b) / a.numel()
 
 
 class L1Comparator(NumericalComparatorBase):
@@ -49,16 +62,20 @@ class L1Comparator(NumericalComparatorBase):
     name = "L1"
 
     def element_compare(self, a, b):
-        a, b = _f64(a, b)
-        return torch.sum(torch.abs(a - b)).item()
+        a, b = _prep(a, b)
+        if not a.numel() or torch.equal(a, b):
+            return 0.0
+        return torch.linalg.vector_norm(a - b, ord=1, dtype=torch.float64).item()
 
 
 class MaxAbsComparator(NumericalComparatorBase):
     name = "MAX_ABS"
 
     def element_compare(self, a, b):
-        a, b = _f64(a, b)
-        return torch.max(torch.abs(a - b)).item() if a.numel() else 0.0
+        a, b = _prep(a, b)
+        if not a.numel() or torch.equal(a, b):
+            return 0.0
+        return torch.max(torch.abs(a - b)).item()
 
 
 class SNRComparator(NumericalComparatorBase):
@@ -67,9 +84,11 @@ class SNRComparator(NumericalComparatorBase):
     name = "SNR"
 
     def element_compare(self, a, b):
-        a, b = _f64(a, b)
-        noise = torch.mean((a - b) ** 2).item() if a.numel() else 0.0
-        signal = torch.mean(a ** 2).item() if a.numel() else 0.0
+        a, b = _prep(a, b)
+        if not a.numel() or torch.equal(a, b):
+            return math.inf
+        noise = _sq_norm(a - b)
+        signal = _sq_norm(a)
         if noise == 0.0:
             return math.inf
         if signal == 0.0:
@@ -83,13 +102,15 @@ class CosineComparator(NumericalComparatorBase):
     name = "COSINE"
 
     def element_compare(self, a, b):
-        a, b = _f64(a, b)
+        a, b = _prep(a, b)
+        if a.dtype == torch.float32:
+            a, b = a.double(), b.double()
         na, nb = torch.linalg.vector_norm(a).item(), torch.linalg.vector_norm(b).item()
         if na == 0.0 and nb == 0.0:
             return 1.0
         if na == 0.0 or nb == 0.0:
             return 0.0
-        return (torch.dot(a, b).item()) / (na * nb)
+        return torch.dot(a, b).item() / (na * nb)
 
 
 _METRICS: dict[str, type[NumericalComparatorBase]] = {

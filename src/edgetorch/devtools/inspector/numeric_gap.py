@@ -78,57 +78,6 @@ def _pick_runtime(value: Any, like: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-class _Capture(torch.fx.Interpreter):
-    """Runs the reference module; keeps each handle's last op output. With ``substitute`` (handle -> runtime
-    tensor) it replaces the output of each handle's last op by the runtime value after recording it, so every
-    later op sees the runtime's numbers: the outputs recorded then are the *local* references."""
-
-    def __init__(self, gm: torch.fx.GraphModule, last_node: dict[int, torch.fx.Node],
-                 substitute: dict[int, torch.Tensor] | None = None) -> None:
-        super().__init__(gm)
-        self.last_node = last_node
-        self.by_node = {n: h for h, n in last_node.items()}
-        self.substitute = substitute
-        self.outputs: dict[int, Any] = {}
-        # nodes whose value equals the runtime's exactly: inputs, constants, substituted outputs, and views
-        # (or getitems) of exact values. A view-only op's runtime value is derived from these.
-        self.exact: set[torch.fx.Node] = set()
-        self.derived: set[int] = set()
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        out = super().run_node(n)
-        if self.substitute is None:
-            h = self.by_node.get(n)
-            if h is not None:
-                self.outputs[h] = out
-            return out
-        if n.op in ("placeholder", "get_attr"):
-            self.exact.add(n)
-            return out
-        if n.op != "call_function":
-            return out
-        inputs = [a for a in n.all_input_nodes]
-        if n.target is operator.getitem or _is_view(n):
-            if inputs and all(a in self.exact for a in inputs):
-                self.exact.add(n)
-                h = self.by_node.get(n)
-                if h is not None and h not in self.substitute:
-                    self.outputs[h] = out
-                    self.derived.add(h)
-            return out
-        h = self.by_node.get(n)
-        if h is not None:
-            self.outputs[h] = out
-            if h in self.substitute:
-                ref = _first_tensor(out)
-                rt = self.substitute[h]
-                if ref is not None and rt.numel() == ref.numel():
-                    sub = rt.reshape(ref.shape).to(ref.dtype)
-                    out = sub if isinstance(out, torch.Tensor) else type(out)([sub, *list(out)[1:]])
-                    self.exact.add(n)
-        return out
-
-
 def _is_view(n: torch.fx.Node) -> bool:
     t = n.target
     if not isinstance(t, torch._ops.OpOverload):
@@ -136,6 +85,93 @@ def _is_view(n: torch.fx.Node) -> bool:
     from edgetorch.exir.op_variants import is_view_op
 
     return is_view_op(t)
+
+
+class _JointWalk(torch.fx.Interpreter):
+    """One pass over the reference module computing, per handle, the reference output (on reference inputs)
+    and, with ``runtime`` (handle -> runtime tensor), the *local* reference: the op re-run on the runtime's
+    own values of its inputs. Only ops downstream of a runtime value that differs from the reference are
+    computed twice, so an exact runtime costs one forward pass.
+
+    ``rt_env`` holds the runtime-side value of a node where it differs from the reference value; ``exact``
+    marks nodes whose runtime-side value is the runtime's own (inputs, constants, substituted outputs, and
+    views/getitems of exact values), which gives view-only ops a runtime value."""
+
+    def __init__(self, gm: torch.fx.GraphModule, last_node: dict[int, torch.fx.Node],
+                 runtime: dict[int, torch.Tensor] | None) -> None:
+        super().__init__(gm)
+        self.by_node = {n: h for h, n in last_node.items()}
+        self.runtime = runtime
+        self.outputs: dict[int, Any] = {}
+        self.local: dict[int, Any] = {}
+        self.rt_env: dict[torch.fx.Node, Any] = {}
+        self.exact: set[torch.fx.Node] = set()
+        self.derived: set[int] = set()
+        # values later mutated in place (e.g. relu_ in a training-IR ATen graph) are recorded as copies
+        self.mutated = {n for n in gm.graph.nodes if any(
+            isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable for u in n.users)}
+
+    def _keep(self, n: torch.fx.Node, v: Any) -> Any:
+        if n in self.mutated:
+            return torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, v)
+        return v
+
+    def _run_on_runtime_values(self, n: torch.fx.Node) -> Any:
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        env = self.rt_env
+
+        def sub(a: Any) -> Any:
+            return env[a] if isinstance(a, torch.fx.Node) and a in env else (
+                self.env[a] if isinstance(a, torch.fx.Node) else a)
+
+        args = torch.fx.node.map_aggregate(n.args, sub)
+        kwargs = torch.fx.node.map_aggregate(n.kwargs, sub)
+        return getattr(self, n.op)(n.target, args, kwargs)
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        h = self.by_node.get(n)
+        if self.runtime is None:
+            if h is not None:
+                self.outputs[h] = self._keep(n, out)
+            return out
+        if n.op in ("placeholder", "get_attr"):
+            self.exact.add(n)
+            return out
+        if n.op != "call_function":
+            return out
+        inputs = n.all_input_nodes
+        differs = any(a in self.rt_env for a in inputs)
+        local = self._run_on_runtime_values(n) if differs else out
+        if (n.target is operator.getitem or _is_view(n)) and (h is None or h not in self.runtime):
+            if differs:
+                self.rt_env[n] = local
+            if h is not None:
+                self.outputs[h] = self._keep(n, out)
+                self.local[h] = self._keep(n, local)
+            if inputs and all(a in self.exact for a in inputs):
+                self.exact.add(n)
+                if h is not None:
+                    self.derived.add(h)
+            return out
+        if h is None:
+            if differs:
+                self.rt_env[n] = local
+            return out
+        self.outputs[h] = self._keep(n, out)
+        self.local[h] = self._keep(n, local)
+        rt = self.runtime.get(h)
+        ref = _first_tensor(out)
+        if rt is not None and ref is not None and rt.numel() == ref.numel():
+            sub = self._keep(n, rt.reshape(ref.shape).to(ref.dtype))
+            self.exact.add(n)
+            if not torch.equal(sub, ref):
+                self.rt_env[n] = sub if isinstance(out, torch.Tensor) else type(out)([sub, *list(out)[1:]])
+            else:
+                self.rt_env.pop(n, None)
+        elif differs:
+            self.rt_env[n] = local
+        return out
 
 
 def reference_handles(gm: torch.fx.GraphModule) -> tuple[dict[int, torch.fx.Node], dict[int, list[torch.fx.Node]]]:
@@ -168,21 +204,45 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
     """Builds the gap table (one row per matched runtime group, in execution order) and its coverage."""
     last, nodes = reference_handles(reference)
     order = {h: i for i, h in enumerate(last)}  # execution order of each handle's last op
-    with torch.no_grad():
-        cap = _Capture(reference, last)
-        cap.run(*inputs)
-    aot = cap.outputs
+    # the reference tensor each runtime entry is compared with: the output of its group's last op. Entries
+    # are resolved against the reference's output *shapes*, known from node metadata or a first walk.
     cov = Coverage(runtime_total=len(entries), aot_total=len(last))
-    matched: list[tuple[RuntimeEntry, int, torch.Tensor, torch.Tensor]] = []
+    runtime: dict[int, torch.Tensor] = {}
+    picked: list[tuple[RuntimeEntry, int]] = []
     for e in entries:
-        cands = [h for h in e.handles if h in aot and _first_tensor(aot[h]) is not None]
+        cands = [h for h in e.handles if h in last]
         if not cands:
             cov.unmatched.append({"side": "runtime", "ops": e.ops, "handles": e.handles,
                                   "instruction_id": e.instruction_id,
                                   "reason": "no reference op carries these debug handles"})
             continue
         h = max(cands, key=order.__getitem__)
-        ref = _first_tensor(aot[h])
+        picked.append((e, h))
+    with torch.no_grad():
+        if local:
+            # runtime values per handle, finest first (inner delegate rows over their DELEGATE_CALL row)
+            for e, h in picked:
+                if e.is_delegate_call and h in runtime:
+                    continue
+                val = _first_tensor(e.value) if isinstance(e.value, torch.Tensor) else None
+                if val is None:
+                    vals = [t for t in (e.value or []) if isinstance(t, torch.Tensor)]
+                    want = last[h].meta.get("val")
+                    want = _first_tensor(want) if want is not None else None
+                    val = _pick_runtime(vals, want) if want is not None else (vals[0] if vals else None)
+                if val is not None:
+                    runtime[h] = val
+        walk = _JointWalk(reference, last, runtime if local else None)
+        walk.run(*inputs)
+    aot, local_ref = walk.outputs, walk.local
+    matched: list[tuple[RuntimeEntry, int, torch.Tensor, torch.Tensor]] = []
+    for e, h in picked:
+        ref = _first_tensor(aot.get(h))
+        if ref is None:
+            cov.unmatched.append({"side": "runtime", "ops": e.ops, "handles": e.handles,
+                                  "instruction_id": e.instruction_id,
+                                  "reason": "the reference op of this group produced no tensor"})
+            continue
         rt = _pick_runtime(e.value, ref)
         if rt is None:
             cov.unmatched.append({"side": "runtime", "ops": e.ops, "handles": e.handles,
@@ -192,26 +252,13 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
             continue
         matched.append((e, h, ref, rt))
     cov.runtime_matched = len(matched)
-    local_ref: dict[int, Any] = {}
-    if local and matched:
-        subst: dict[int, torch.Tensor] = {}
-        for e, h, _ref, rt in matched:  # inner delegate rows are finer than their DELEGATE_CALL row
-            if e.is_delegate_call and h in subst:
-                continue
-            subst[h] = rt
-        with torch.no_grad():
-            cap2 = _Capture(reference, last, subst)
-            cap2.run(*inputs)
-        local_ref = cap2.outputs
     # view-only reference ops: their runtime value is the view of the runtime's value of their input
-    derived = getattr(cap2, "derived", set()) if local and matched else set()
-    for h in sorted(derived, key=order.__getitem__):
-        rt = _first_tensor(local_ref[h])
+    for h in sorted(walk.derived, key=order.__getitem__):
+        rt = _first_tensor(local_ref.get(h))
         ref = _first_tensor(aot.get(h))
         if rt is None or ref is None or rt.numel() != ref.numel():
             continue
-        e = RuntimeEntry((h,), ["(alias of a runtime value)"], rt, -1, order=(order[h],))
-        matched.append((e, h, ref, rt))
+        matched.append((RuntimeEntry((h,), ["(alias of a runtime value)"], rt, -1), h, ref, rt))
     matched.sort(key=lambda m: order[m[1]])  # execution order of the reference (stable)
     covered: set[int] = set()
     rows = []

@@ -1,0 +1,213 @@
+"""``edgetorch inspect``: the profile table or the per-op numeric-gap table of an ETDump (+ ETRecord).
+
+    edgetorch inspect --etdump etdump.etdp [--etrecord etrecord.bin]              # profile table
+    edgetorch inspect --etdump etdump.etdp --etrecord etrecord.bin --debug-buffer debug_output.bin --gap MSE
+                      [--tsv gaps.tsv] [--report report.html] [--method forward]
+
+Exit status: 0 success, 2 bad arguments or unreadable/mismatched artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 3
+_DISTANCES = ("MSE", "L1", "SNR", "COSINE", "MAX_ABS")
+
+
+class CliError(Exception):
+    """A problem with the arguments or artifacts (exit status 2)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etdump", "--etdump_path", dest="etdump", required=True, help="ETDump file (.etdp)")
+    p.add_argument("--etrecord", "--etrecord_path", dest="etrecord", default=None,
+                   help="ETRecord file (needed for --gap; adds op types and source lines to the profile)")
+    p.add_argument("--debug-buffer", "--debug_buffer_path", dest="debug_buffer", default=None,
+                   help="debug buffer file written with the ETDump (needed for --gap)")
+    p.add_argument("--gap", metavar="DISTANCE", default=None, type=str.upper,
+                   help=f"print the per-op numeric-gap table with this distance ({', '.join(_DISTANCES)})")
+    p.add_argument("--method", default=None, help="method to analyse (default forward, or the only one run)")
+    p.add_argument("--run", type=int, default=0, help="which recorded execution to analyse (default 0)")
+    p.add_argument("--rows", type=int, default=40, help="table rows to print (default 40; 0 = all)")
+    p.add_argument("--tsv", default=None, help="also write the table (profile or gaps) as TSV")
+    p.add_argument("--report", default=None, help="write the HTML report (gap chart, gap table, profile)")
+
+
+def _check_input(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    if not os.path.exists(path):
+        raise CliError(f"{flag} file not found: {path}")
+    if os.path.isdir(path):
+        raise CliError(f"{flag} {path} is a directory")
+
+
+def _check_output(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    from edgetorch.cli.run import CliError as RunCliError
+    from edgetorch.cli.run import _check_output_path
+
+    try:
+        _check_output_path(path, flag)
+    except RunCliError as e:
+        raise CliError(str(e)) from None
+
+
+def _num(v: Any) -> str:
+    v = v[0] if isinstance(v, (list, tuple)) and v else v
+    if v is None or isinstance(v, (list, tuple)):
+        return ""
+    try:
+        return f"{float(v):.3e}"
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _ops(v: Any, width: int) -> str:
+    s = ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    return s if len(s) <= width else s[:width - 1] + "…"
+
+
+def _source(s: Any) -> str:
+    s = str(s or "")
+    head, sep, rest = s.partition(" in ")
+    return os.path.basename(head) + sep + rest if sep else s
+
+
+def _gap_tsv(df: Any) -> bytes:
+    cols = ["aot_ops", "runtime_ops", "gap", "local_gap", "aot_debug_handle", "runtime_debug_handle",
+            "instruction_id", "delegate", "shape", "source", "module"]
+    flat = df[[c for c in cols if c in df.columns]].copy()
+    for c in ("gap", "local_gap"):
+        if c in flat.columns:
+            flat[c] = flat[c].apply(lambda v: v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v)
+    for c in flat.columns:
+        flat[c] = flat[c].apply(lambda v: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+    return flat.to_csv(sep="\t", index_label="row").encode()
+
+
+def _main(args: argparse.Namespace) -> int:
+    _check_input(args.etdump, "--etdump")
+    _check_input(args.etrecord, "--etrecord")
+    _check_input(args.debug_buffer, "--debug-buffer")
+    if args.gap is not None:
+        if args.gap not in _DISTANCES:
+            raise CliError(f"--gap must be one of {', '.join(_DISTANCES)}, got {args.gap}")
+        if args.etrecord is None:
+            raise CliError("--gap needs --etrecord (the reference graph and its representative inputs)")
+        if args.debug_buffer is None:
+            raise CliError("--gap needs --debug-buffer (the runtime's intermediate outputs)")
+    if args.run < 0:
+        raise CliError(f"--run must be >= 0, got {args.run}")
+    _check_output(args.tsv, "--tsv")
+    _check_output(args.report, "--report")
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from edgetorch.devtools.inspector import Inspector
+    from edgetorch.errors import EdgeTorchError
+
+    console = Console()
+    if not console.is_terminal:  # piped / captured: wide enough for the tables, no wrapping of short columns
+        console = Console(width=160)
+    err = Console(stderr=True)
+    status_console = err if not console.is_terminal else console
+    try:
+        with status_console.status("[bold]reading the ETDump" + (" and the ETRecord" if args.etrecord else "")):
+            inspector = Inspector(etdump_path=args.etdump, etrecord=args.etrecord,
+                                  debug_buffer_path=args.debug_buffer)
+    except (EdgeTorchError, OSError) as e:
+        raise CliError(str(e)) from None
+    methods = inspector.methods
+    method = args.method
+    if method is not None and method not in methods:
+        raise CliError(f"the ETDump has no execution of method '{method}' (methods run: {', '.join(methods)})")
+    if method is None:
+        method = "forward" if "forward" in methods or not methods else methods[0]
+
+    gap_df = None
+    if args.gap is not None:
+        inputs = None
+        rec = inspector.etrecord
+        blocks = [b for b in inspector.event_blocks if b.method == method and b.name != "load"]
+        idx = blocks[0].bundled_input_index if blocks else None
+        reps = (getattr(rec, "representative_inputs", None) or {}).get(method) or []
+        if idx is not None and args.run == 0 and idx < len(reps):
+            inputs = reps[idx]  # the run used bundled test case `idx`: compare against the same inputs
+        try:
+            with status_console.status(f"[bold]computing {args.gap} numeric gaps of '{method}' (re-running the "
+                                       "reference graph op by op)"):
+                gap_df = inspector.calculate_numeric_gap(args.gap, method=method, run=args.run, inputs=inputs)
+        except EdgeTorchError as e:
+            raise CliError(str(e)) from None
+        table = Table(title=f"numeric gap ({args.gap}) per op of '{method}', execution order")
+        for c in ("#", "aot_ops", "runtime_ops", "gap", "local_gap", "source"):
+            table.add_column(c, overflow="fold", no_wrap=c in ("#", "gap", "local_gap"))
+        shown = gap_df if args.rows <= 0 else gap_df.head(args.rows)
+        for i, row in shown.iterrows():
+            table.add_row(str(i), escape(_ops(row["aot_ops"], 60)), escape(_ops(row["runtime_ops"], 50)),
+                          _num(row["gap"]), _num(row["local_gap"]), escape(_source(row["source"])[:80]))
+        console.print(table)
+        if len(gap_df) > len(shown):
+            console.print(f"... {len(gap_df) - len(shown)} more rows (--rows 0 shows all)")
+        if inspector.last_gap_coverage is not None:
+            console.print(inspector.last_gap_coverage.summary())
+        top = inspector.find_culprits(gap_df, top=5)
+        lines = [f"  {_ops(r['aot_ops'], 60)}: local {args.gap} {_num(r['local_gap'])}, accumulated "
+                 f"{_num(r['gap'])}" + (f" at {_source(r['source'])}" if r["source"] else "")
+                 for _, r in top.iterrows() if _num(r["local_gap"]) not in ("", "0.000e+00")]
+        if lines:
+            console.print("ops adding the most error (local gap):")
+            for line in lines:
+                console.print(line, highlight=False, markup=False)
+        else:
+            console.print("no op adds error of its own (every local gap is 0 or unavailable)")
+    else:
+        inspector.print_data_tabular(file=sys.stdout)
+
+    try:
+        if args.tsv:
+            if gap_df is not None:
+                from edgetorch._fileio import atomic_write
+
+                atomic_write(args.tsv, [_gap_tsv(gap_df)])
+            else:
+                inspector.save_data_to_tsv(args.tsv)
+            console.print(f"TSV written to {args.tsv}")
+        if args.report:
+            from edgetorch.devtools.report import write_report
+
+            with status_console.status("[bold]writing the HTML report"):
+                summary = {"ETDump": args.etdump, "ETRecord": args.etrecord or "", "method": method}
+                if gap_df is not None and inspector.last_gap_coverage is not None:
+                    summary["coverage"] = inspector.last_gap_coverage.summary()
+                write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
+                             title=f"edgetorch inspect: {os.path.basename(args.etdump)}")
+            console.print(f"report written to {args.report}")
+    except OSError as e:
+        raise CliError(f"cannot write output: {e.strerror or e}: {e.filename or ''}") from None
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the command; prints a one-line ``error: ...`` (no traceback) and returns non-zero on failure."""
+    try:
+        return _main(args)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if getattr(args, "verbose", False):
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
