@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import flatbuffers
 
+from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import program_generated as fb
 from edgetorch.formats.errors import ProgramFormatError
 
@@ -513,150 +514,127 @@ def read_header(buf: memoryview | bytes, what: str = "program") -> FileHeader:
     return FileHeader(hver, sver, fb_off, fb_size, seg_off, seg_size, bytes(digest).hex())
 
 
-def _np_list(getter, length) -> list:
-    if length() == 0:
-        return []
-    return getter().tolist()
+_VALUE_READERS = {}
 
 
-def _str(x) -> str:
-    return x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else (x or "")
+def _value_reader(kind):
+    def deco(f):
+        _VALUE_READERS[kind] = f
+        return f
+    return deco
 
 
-def _read_value(ev) -> Value:
-    K = fb.KernelTypes
-    t = ev.ValType()
-    tab = ev.Val()
-    if t == K.Null or t == K.NONE:
+_K = fb.KernelTypes
+_value_reader(_K.Int)(lambda t: int(t.scalar(0, "q")))
+_value_reader(_K.Bool)(lambda t: bool(t.scalar(0, "?")))
+_value_reader(_K.Double)(lambda t: float(t.scalar(0, "d")))
+_value_reader(_K.String)(lambda t: t.string(0))
+_value_reader(_K.IntList)(lambda t: IntListV(tuple(t.scalars(0, "q"))))
+_value_reader(_K.DoubleList)(lambda t: DoubleListV(tuple(t.scalars(0, "d"))))
+_value_reader(_K.BoolList)(lambda t: BoolListV(tuple(bool(x) for x in t.scalars(0, "?"))))
+_value_reader(_K.TensorList)(lambda t: TensorListV(tuple(t.scalars(0, "i"))))
+_value_reader(_K.OptionalTensorList)(lambda t: OptionalTensorListV(tuple(t.scalars(0, "i"))))
+_value_reader(_K.Dtype)(lambda t: DtypeV(t.scalar(0, "b")))
+_value_reader(_K.Layout)(lambda t: LayoutV(t.scalar(0, "b")))
+_value_reader(_K.MemoryFormat)(lambda t: MemoryFormatV(t.scalar(0, "b")))
+_value_reader(_K.Device)(lambda t: DeviceV(t.string(0)))
+_value_reader(_K.Tensor)(lambda t: TensorDef(
+    t.scalar(0, "b"), t.scalars(1, "q"), t.scalars(2, "q"), t.scalar(3, "q"), t.scalar(4, "b"), t.scalar(6, "q"),
+    t.scalar(5, "q", -1), t.scalar(7, "i", -1)))
+
+
+def _read_value(ev: Table) -> Value:
+    kind = ev.scalar(0, "B")
+    if kind in (_K.NONE, _K.Null):
         return None
-    if t == K.Tensor:
-        x = fb.Tensor()
-        x.Init(tab.Bytes, tab.Pos)
-        return TensorDef(x.ScalarType(), _np_list(x.SizesAsNumpy, x.SizesLength),
-                         _np_list(x.StridesAsNumpy, x.StridesLength), x.StorageOffset(), x.Placement(),
-                         x.Nbytes(), x.ArenaOffset(), x.ConstantIndex())
-    if t == K.Int:
-        x = fb.Int()
-        x.Init(tab.Bytes, tab.Pos)
-        return int(x.Value())
-    if t == K.Bool:
-        x = fb.Bool()
-        x.Init(tab.Bytes, tab.Pos)
-        return bool(x.Value())
-    if t == K.Double:
-        x = fb.Double()
-        x.Init(tab.Bytes, tab.Pos)
-        return float(x.Value())
-    if t == K.String:
-        x = fb.String()
-        x.Init(tab.Bytes, tab.Pos)
-        return _str(x.Value())
-    if t == K.IntList:
-        x = fb.IntList()
-        x.Init(tab.Bytes, tab.Pos)
-        return IntListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
-    if t == K.DoubleList:
-        x = fb.DoubleList()
-        x.Init(tab.Bytes, tab.Pos)
-        return DoubleListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
-    if t == K.BoolList:
-        x = fb.BoolList()
-        x.Init(tab.Bytes, tab.Pos)
-        return BoolListV(tuple(bool(i) for i in _np_list(x.ItemsAsNumpy, x.ItemsLength)))
-    if t == K.TensorList:
-        x = fb.TensorList()
-        x.Init(tab.Bytes, tab.Pos)
-        return TensorListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
-    if t == K.OptionalTensorList:
-        x = fb.OptionalTensorList()
-        x.Init(tab.Bytes, tab.Pos)
-        return OptionalTensorListV(tuple(_np_list(x.ItemsAsNumpy, x.ItemsLength)))
-    if t == K.Dtype:
-        x = fb.Dtype()
-        x.Init(tab.Bytes, tab.Pos)
-        return DtypeV(x.ScalarType())
-    if t == K.Layout:
-        x = fb.Layout()
-        x.Init(tab.Bytes, tab.Pos)
-        return LayoutV(x.Value())
-    if t == K.MemoryFormat:
-        x = fb.MemoryFormat()
-        x.Init(tab.Bytes, tab.Pos)
-        return MemoryFormatV(x.Value())
-    if t == K.Device:
-        x = fb.Device()
-        x.Init(tab.Bytes, tab.Pos)
-        return DeviceV(_str(x.Value()))
-    raise ProgramFormatError(f"unknown value type tag {t}", field="values")
+    reader = _VALUE_READERS.get(kind)
+    if reader is None:
+        raise ProgramFormatError(f"unknown value type tag {kind}", field="values")
+    t = ev.table(1)
+    if t is None:
+        raise ProgramFormatError(f"value of type tag {kind} has no data", field="values")
+    return reader(t)
 
 
-def _read_plan(p) -> PlanDef:
-    name = _str(p.Name())
-    where = f"plan '{name}'"
+def _read_instruction(ins: Table, i: int, plan: str) -> InstructionDef:
+    kind = ins.scalar(0, "B")
+    c = ins.table(1)
+    if kind == fb.InstructionArguments.KernelCall and c is not None:
+        call = KernelCallDef(c.scalar(0, "i"), c.scalar(1, "b"), c.scalars(2, "i"), c.scalars(3, "i"))
+    elif kind == fb.InstructionArguments.DelegateCall and c is not None:
+        call = DelegateCallDef(c.scalar(0, "i"), c.scalars(1, "i"), c.scalars(2, "i"))
+    else:
+        raise ProgramFormatError(f"plan '{plan}': instruction {i} has unknown type tag {kind}",
+                                 field=f"{plan}.instructions[{i}]")
+    return InstructionDef(call, ins.string(2), ins.scalar(3, "i"), ins.string(4))
+
+
+# ExecutionPlan field indices (schema declaration order)
+_P_NAME, _P_VALUES, _P_INPUTS, _P_OUTPUTS, _P_IN_SPEC, _P_OUT_SPEC, _P_IN_NAMES, _P_OUT_NAMES = range(8)
+_P_OPERATORS, _P_DELEGATES, _P_INSTRUCTIONS, _P_ARENA, _P_DEBUG_BYTES = range(8, 13)
+
+
+def _read_plan(p: Table) -> PlanDef:
+    name = p.string(_P_NAME)
     values = []
-    for i in range(p.ValuesLength()):
+    for i, ev in enumerate(p.tables(_P_VALUES)):
         try:
-            values.append(_read_value(p.Values(i)))
+            values.append(_read_value(ev))
         except ProgramFormatError as e:
-            raise ProgramFormatError(f"{where}: value {i}: {e.message}", field=f"{name}.values[{i}]") from None
-    operators = []
-    for i in range(p.OperatorsLength()):
-        op = p.Operators(i)
-        operators.append(OperatorDef(_str(op.Name()), _str(op.Overload())))
+            raise ProgramFormatError(f"plan '{name}': value {i}: {e.message}", field=f"{name}.values[{i}]") from None
+    operators = [OperatorDef(op.string(0), op.string(1)) for op in p.tables(_P_OPERATORS)]
     delegates = []
-    for i in range(p.DelegatesLength()):
-        d = p.Delegates(i)
-        specs = []
-        for j in range(d.CompileSpecsLength()):
-            cs = d.CompileSpecs(j)
-            specs.append((_str(cs.Key()), bytes(_np_list(cs.ValueAsNumpy, cs.ValueLength))))
-        delegates.append(BackendDelegateDef(_str(d.BackendId()), d.DataIndex(), specs))
-    instructions = []
-    IA = fb.InstructionArguments
-    for i in range(p.InstructionsLength()):
-        ins = p.Instructions(i)
-        t = ins.InstrArgsType()
-        tab = ins.InstrArgs()
-        if t == IA.KernelCall:
-            c = fb.KernelCall()
-            c.Init(tab.Bytes, tab.Pos)
-            call = KernelCallDef(c.OpIndex(), c.Kind(), _np_list(c.ArgsAsNumpy, c.ArgsLength),
-                                 _np_list(c.OutputsAsNumpy, c.OutputsLength))
-        elif t == IA.DelegateCall:
-            c = fb.DelegateCall()
-            c.Init(tab.Bytes, tab.Pos)
-            call = DelegateCallDef(c.DelegateIndex(), _np_list(c.ArgsAsNumpy, c.ArgsLength),
-                                   _np_list(c.OutputsAsNumpy, c.OutputsLength))
-        else:
-            raise ProgramFormatError(f"{where}: instruction {i} has unknown type tag {t}",
-                                     field=f"{name}.instructions[{i}]")
-        instructions.append(InstructionDef(call, _str(ins.NodeName()), ins.DebugHandle(), _str(ins.Source())))
+    for d in p.tables(_P_DELEGATES):
+        specs = [(cs.string(0), bytes(cs.scalars(1, "B"))) for cs in d.tables(2)]
+        delegates.append(BackendDelegateDef(d.string(0), d.scalar(1, "i"), specs))
+    instructions = [_read_instruction(ins, i, name) for i, ins in enumerate(p.tables(_P_INSTRUCTIONS))]
     return PlanDef(
-        name=name, values=values,
-        inputs=_np_list(p.InputsAsNumpy, p.InputsLength), outputs=_np_list(p.OutputsAsNumpy, p.OutputsLength),
-        input_spec=_str(p.InputSpec()), output_spec=_str(p.OutputSpec()),
-        input_names=[_str(p.InputNames(i)) for i in range(p.InputNamesLength())],
-        output_names=[_str(p.OutputNames(i)) for i in range(p.OutputNamesLength())],
+        name=name, values=values, inputs=p.scalars(_P_INPUTS, "i"), outputs=p.scalars(_P_OUTPUTS, "i"),
+        input_spec=p.string(_P_IN_SPEC), output_spec=p.string(_P_OUT_SPEC),
+        input_names=_strings_of(p, _P_IN_NAMES),
+        output_names=list(_strings_of(p, _P_OUT_NAMES)),
         operators=operators, delegates=delegates, instructions=instructions,
-        arena_size=p.ArenaSize(), debug_buffer_bytes=p.DebugBufferBytes())
+        arena_size=p.scalar(_P_ARENA, "q"), debug_buffer_bytes=p.scalar(_P_DEBUG_BYTES, "q"))
+
+
+def _strings_of(t: Table, i: int) -> list[str]:
+    start, n = t._vector(i, 4)
+    out = []
+    for k in range(n):
+        pos = start + 4 * k
+        q = pos + struct.unpack_from("<I", t.buf, pos)[0]
+        if q > len(t.buf) - 4:
+            raise ProgramFormatError("string reference outside the flatbuffer", field="flatbuffer")
+        ln = struct.unpack_from("<I", t.buf, q)[0]
+        if q + 4 + ln > len(t.buf):
+            raise ProgramFormatError("string runs past the end of the flatbuffer", field="flatbuffer")
+        out.append(t.buf[q + 4:q + 4 + ln].decode("utf-8", errors="strict"))
+    return out
 
 
 def decode_flatbuffer(fbuf: bytes | memoryview) -> ProgramDef:
     """Parses the flatbuffer part into a ``ProgramDef``; malformed data raises ``ProgramFormatError``."""
     data = bytes(fbuf)
     try:
-        root = fb.Program.GetRootAs(data, 0)
-        plans = [_read_plan(root.ExecutionPlans(i)) for i in range(root.ExecutionPlansLength())]
-        consts = [(root.Constants(i).Offset(), root.Constants(i).Size()) for i in range(root.ConstantsLength())]
-        dels = [(root.DelegateData(i).Offset(), root.DelegateData(i).Size())
-                for i in range(root.DelegateDataLength())]
-        version = root.Version()
+        if len(data) < 8:
+            raise ProgramFormatError("flatbuffer is too short", field="flatbuffer")
+        root = Table(data, struct.unpack_from("<I", data, 0)[0])
+        version = root.scalar(0, "I")
+        plans = [_read_plan(p) for p in root.tables(1)]
+        consts = _ranges_of(root, 2)
+        dels = _ranges_of(root, 3)
     except ProgramFormatError:
         raise
-    except Exception as e:  # the generated accessors do no bounds checks
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
         raise ProgramFormatError(f"malformed program flatbuffer ({type(e).__name__}: {e})",
                                  field="flatbuffer") from None
     return ProgramDef(plans, consts, dels, version)
+
+
+def _ranges_of(t: Table, i: int) -> list[tuple[int, int]]:
+    start, n = t._vector(i, 16)
+    flat = struct.unpack_from(f"<{2 * n}Q", t.buf, start) if n else ()
+    return [(flat[2 * k], flat[2 * k + 1]) for k in range(n)]
 
 
 def check_consistency(program: ProgramDef, segment_size: int) -> None:
