@@ -62,6 +62,12 @@ def _fmt(v: float | None) -> str:
     return f"{v:.3e}" if (v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4)) else f"{v:.4g}"
 
 
+def _short_source(src: str) -> str:
+    """``/long/path/model.py:12 in forward: code`` -> ``model.py:12 in forward: code``."""
+    head, sep, rest = str(src).partition(":")
+    return os.path.basename(head) + sep + rest if sep else str(src)
+
+
 def gap_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 300) -> str:
     """Accumulated and local gap per row (log scale), delegate rows in another colour."""
     gaps = [_val(g) for g in df["gap"]] if len(df) else []
@@ -72,7 +78,7 @@ def gap_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 300) -> str
     lo, hi = math.log10(min(pos)), math.log10(max(pos))
     if hi - lo < 1:
         lo, hi = lo - 0.5, hi + 0.5
-    pad_l, pad_r, pad_t, pad_b = 60, 10, 10, 30
+    pad_l, pad_r, pad_t, pad_b = 60, 10, 10, 40
     n = len(gaps)
     w, h = width - pad_l - pad_r, height - pad_t - pad_b
 
@@ -87,21 +93,29 @@ def gap_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 300) -> str
             y = pad_t + h - h * (k - lo) / (hi - lo)
             parts.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
             parts.append(f'<text x="{pad_l - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">1e{k}</text>')
+    floor_y = pad_t + h
+    parts.append(f'<text x="{pad_l - 6}" y="{floor_y + 14:.1f}" font-size="10" text-anchor="end">0</text>')
     for series, colour in ((local, "#2b8a3e"), (gaps, "#c92a2a")):
-        pts = [xy(i, g) for i, g in enumerate(series) if g is not None and g > 0 and math.isfinite(g)]
+        pts = [xy(i, max(g, 10 ** lo)) if g > 0 else (xy(i, 10 ** lo)[0], floor_y + 8)
+               for i, g in enumerate(series) if g is not None and math.isfinite(g)]
         if pts:
             d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.2" points="{d}"/>')
+    for i, g in enumerate(local):
+        if g is not None and math.isfinite(g) and g > 0:
+            x, y = xy(i, max(g, 10 ** lo))
+            parts.append(f'<rect x="{x - 3:.1f}" y="{y - 3:.1f}" width="6" height="6" fill="#2b8a3e">'
+                         f'<title>#{i} local gap {_fmt(g)}</title></rect>')
     delegates = list(df["delegate"]) if "delegate" in df else [None] * n
     for i, g in enumerate(gaps):
         if g is None or not math.isfinite(g):
             continue
-        x, y = xy(i, max(g, 10 ** lo))
+        x, y = xy(i, max(g, 10 ** lo)) if g > 0 else (xy(i, 10 ** lo)[0], floor_y + 8)
         row = df.iloc[i]
         colour = "#1971c2" if delegates[i] else "#c92a2a"
         tip = f"#{i} {', '.join(map(str, row['aot_ops']))[:120]} gap={_fmt(g)} local={_fmt(_val(row.get('local_gap')))}"
         parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"><title>{_e(tip)}</title></circle>')
-    parts.append(f'<text x="{pad_l}" y="{height - 8}" font-size="11">op (execution order) →</text>')
+    parts.append(f'<text x="{pad_l}" y="{height - 4}" font-size="11">op (execution order) →</text>')
     parts.append("</svg>")
     legend = ('<div class="legend"><span><i class="sw" style="background:#c92a2a"></i>accumulated gap</span>'
               '<span><i class="sw" style="background:#2b8a3e"></i>local gap (op re-run on runtime inputs)</span>'
@@ -175,7 +189,7 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
                 f"<td class='num' data-v='{g if g is not None else ''}'>{_fmt(g)}</td>"
                 f"<td class='num' data-v='{lg if lg is not None else ''}'>{_fmt(lg)}</td>"
                 f"<td>{_e(row.get('shape', ''))}</td><td>{_e(row.get('delegate') or '')}</td>"
-                f"<td>{_e(row.get('module', ''))}</td><td>{_e(row.get('source', ''))}</td>"
+                f"<td>{_e(row.get('module', ''))}</td><td>{_e(_short_source(row.get('source', '')))}</td>"
                 f"<td><details><summary>show</summary>{traces}</details></td></tr>")
         out.append("</tbody></table>")
         if cov is not None and cov.unmatched:
