@@ -23,6 +23,9 @@ def atomic_write(path: str | os.PathLike, chunks: Iterable[bytes | memoryview] |
                 f.write(c)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give artifacts the usual permissions
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -397,3 +397,24 @@ def test_non_torchao_quantizer_is_rejected():
     recipe = ExportRecipe(quantization_recipe=QuantizationRecipe(quantizers=["not a quantizer"]))
     with pytest.raises(RecipeError, match="torchao.quantization.pt2e.quantizer.Quantizer"):
         export(Tiny(), [X], recipe)
+
+
+def test_dynamic_shapes_normalization():
+    batch = torch.export.Dim("batch", min=1, max=8)
+    positional = ({0: batch},)
+    assert ExportSession(Tiny(), [X], dynamic_shapes=positional)._dynamic_shapes == {"forward": positional}
+    by_name = {"x": {0: batch}}  # a dict of argument names is not mistaken for a per-method dict
+    assert ExportSession(Tiny(), [X], dynamic_shapes=by_name)._dynamic_shapes == {"forward": by_name}
+    two = {"forward": Tiny(), "b": Tiny()}
+    per_method = {"b": positional}
+    assert ExportSession(two, {"forward": [X], "b": [X]}, dynamic_shapes=per_method)._dynamic_shapes == per_method
+    with pytest.raises(ExportInputError, match="give dynamic_shapes as"):
+        ExportSession(two, {"forward": [X], "b": [X]}, dynamic_shapes=positional)
+
+
+def test_quantization_recipe_on_graph_module_input_is_not_silent(gm, caplog):
+    recipe = ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_CHANNEL)
+    with caplog.at_level("WARNING", logger="edgetorch.export.session"):
+        s = ExportSession(gm, [X], recipe)
+    assert S.QUANTIZE not in s.pipeline_stages
+    assert "quantization is not applied to a GraphModule input" in caplog.text

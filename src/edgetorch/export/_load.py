@@ -58,9 +58,12 @@ def check_archive(data: bytes, path: str) -> None:
             from None
     names = z.namelist()
     roots = {n.split("/", 1)[0] for n in names if "/" in n}
-    if "version" in names or len(roots) != 1:
+    if "version" in names:
         raise _unsafe(path, "the archive", "uses the legacy (pre torch 2.8) layout, whose loader falls back to "
                       "torch.load(weights_only=False)")
+    if len(roots) != 1:
+        raise ExportInputError(f"{path}: not a torch.export.save archive (expected one top-level folder, found "
+                               f"{sorted(roots)})")
     root = roots.pop() + "/"
     rel = {n[len(root):] for n in names if n.startswith(root)}
     if c.ARCHIVE_VERSION_PATH not in rel:

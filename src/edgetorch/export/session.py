@@ -65,7 +65,8 @@ def export(model: ModelArg, example_inputs: InputsArg = None, export_recipe: Exp
 
     ``model``: an ``nn.Module``, a ``GraphModule`` (already quantized: quantization stages are skipped), an
     ``ExportedProgram``, a ``{method: ...}`` dict of one of those, or the path of a ``torch.export.save`` archive
-    (checked for pickled payloads first, see ``edgetorch.export._load``).
+    (``torch.export.load`` can unpickle, i.e. run code from, the file: edgetorch checks the archive first and
+    raises ``UnsafeModelFileError`` for any pickled payload, see ``edgetorch.export._load``).
     ``example_inputs``: a list of input tuples (the first exports, all calibrate) or ``{method: [tuples]}``;
     optional for ExportedPrograms. ``export_recipe``: defaults to ``ExportRecipe.get_recipe(PortableRecipeType.FP32)``.
     ``artifact_dir``: where the .pte, ETRecord and JSON summary are written (nothing is written without it).
@@ -146,6 +147,11 @@ class ExportSession:
                                        "directory path (it is created if missing)")
         self._artifact_dir = artifact_dir
         stages = export_recipe.pipeline_stages
+        q = self._quant_recipe
+        if stages is None and self._input_model_type != NN_MODULE and q is not None \
+                and (q.quantizers or q.ao_quantization_configs):
+            log.warning("export: the recipe's quantization is not applied to a %s input (it is treated as already "
+                        "quantized); pass the eager nn.Module to quantize it", self._input_model_type)
         self._pipeline_stages: list[StageType] = list(stages if stages is not None else self._get_default_pipeline())
         self._stage_registry: dict[StageType, Stage] = self._build_stages(self._pipeline_stages)
         self._run_context: dict[str, Any] = {

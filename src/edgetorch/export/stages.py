@@ -150,6 +150,26 @@ def _resolve_edge_passes(factories: Sequence[Callable] | None,
     return out if any(out.values()) else None
 
 
+def _drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Deletes the parameters and buffers no ``get_attr`` node reads. ``convert_pt2e`` leaves the float weights
+    it replaced with folded int8 constants on the module, and ``torch.export`` would lift (and the .pte store) them:
+    ResNet-18 would carry 44.5 MiB of dead float weights next to 11 MiB of int8 ones."""
+    gm.graph.eliminate_dead_code()
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    names = [n for n, _ in gm.named_parameters(remove_duplicate=False)]
+    names += [n for n, _ in gm.named_buffers(remove_duplicate=False)]
+    for name in names:
+        if name in used:
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        if hasattr(owner, attr):
+            delattr(owner, attr)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    return gm
+
+
 # ---------------------------------------------------------------------------------------------------------------
 class SourceTransformStage(Stage):
     """Applies the recipe's torchao ``quantize_`` configs to (copies of) the eager modules; no-op without any."""
@@ -231,7 +251,7 @@ class QuantizeStage(Stage):
             with torch.no_grad():
                 for sample in samples:
                     prepared(*sample)
-            out[method] = convert_pt2e(prepared)
+            out[method] = _drop_unused_attributes(convert_pt2e(prepared))
             log.info("QUANTIZE(%s): calibrated on %d samples", method, len(samples))
         self._artifact = artifact.copy_with_new_data(out)
 
