@@ -28,8 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ETRecord file (needed for --gap; adds op types and source lines to the profile)")
     p.add_argument("--debug-buffer", "--debug_buffer_path", dest="debug_buffer", default=None,
                    help="debug buffer file written with the ETDump (needed for --gap)")
-    p.add_argument("--gap", metavar="DISTANCE", default=None, type=str.upper,
-                   help=f"print the per-op numeric-gap table with this distance ({', '.join(_DISTANCES)})")
+    p.add_argument("--gap", metavar="DISTANCE", nargs="?", const="MSE", default=None, type=str.upper,
+                   help=f"print the per-op numeric-gap table with this distance ({', '.join(_DISTANCES)}; "
+                        "default MSE)")
     p.add_argument("--method", default=None, help="method to analyse (default forward, or the only one run)")
     p.add_argument("--run", type=int, default=0, help="which recorded execution to analyse (default 0)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print (default 40; 0 = all)")
@@ -114,6 +115,10 @@ def _main(args: argparse.Namespace) -> int:
     from edgetorch.devtools.inspector import Inspector
     from edgetorch.errors import EdgeTorchError
 
+    if args.gap is None and args.debug_buffer is None and not getattr(args, "verbose", False):
+        import logging  # the profile needs no tensors: do not warn that the debug buffer is missing
+
+        logging.getLogger("edgetorch.devtools.inspector.inspector").setLevel(logging.ERROR)
     console = Console()
     if not console.is_terminal:  # piped / captured: wide enough for the tables, no wrapping of short columns
         console = Console(width=160)
@@ -198,16 +203,19 @@ def _main(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the command; prints a one-line ``error: ...`` (no traceback) and returns non-zero on failure."""
+    from edgetorch.cli.run import exit_now
+
     try:
-        return _main(args)
+        code = _main(args)
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        code = EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        code = 130
     except Exception as e:
         if getattr(args, "verbose", False):
             raise
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        code = EXIT_FAILED
+    return exit_now(code)

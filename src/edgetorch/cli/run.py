@@ -287,7 +287,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.bundled_program_path is not None and args.model_path is not None:
         raise CliError("give either --bundled_program_path or --model_path, not both")
     bundled = args.model_path is None
-    path = args.bundled_program_path or "model_bundled.bpte" if bundled else args.model_path
+    path = (args.bundled_program_path or "model_bundled.bpte") if bundled else args.model_path
     flag = "--bundled_program_path" if bundled else "--model_path"
     if args.num_executions < 1:
         raise CliError(f"--num_executions must be >= 1, got {args.num_executions}")
@@ -354,7 +354,10 @@ def _main(args: argparse.Namespace) -> int:
                            "expected outputs")
         del bundle, case, cases
         if isinstance(buf, mmap.mmap):
-            buf.close()
+            try:
+                buf.close()
+            except BufferError:  # a view is still alive somewhere: the mapping goes with it
+                pass
 
     # -- load ------------------------------------------------------------------------------------------
     from edgetorch.runtime import Runtime
@@ -428,6 +431,8 @@ def _main(args: argparse.Namespace) -> int:
         except OSError as e:
             raise CliError(f"cannot write the ETDump or debug buffer: {e.strerror or e}: "
                            f"{e.filename or etdump_path}") from None
+        except EdgeTorchError as e:
+            raise RunFailed(str(e)) from None
 
     # -- verification ------------------------------------------------------------------------------------
     if args.output_verification:
@@ -450,6 +455,30 @@ def _main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _fast_exit_allowed() -> bool:
+    """True when this process is the ``edgetorch`` command itself (console script or ``python -m edgetorch``),
+    not a Python program that called ``main()``; ``EDGETORCH_NO_FAST_EXIT=1`` turns it off."""
+    if os.environ.get("EDGETORCH_NO_FAST_EXIT"):
+        return False
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "edgetorch.__main__":
+        return True
+    return os.path.splitext(os.path.basename(sys.argv[0] or ""))[0] == "edgetorch"
+
+
+def exit_now(code: int) -> int:
+    """Ends the ``edgetorch`` process right away once everything is written: interpreter teardown after
+    importing torch takes longer than a small model's run. Returns ``code`` when called in-process."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _fast_exit_allowed():
+        import logging
+
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the command; prints a one-line ``error: ...`` (no traceback) and returns non-zero on failure."""
     try:
@@ -468,5 +497,4 @@ def run(args: argparse.Namespace) -> int:
             raise
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         code = EXIT_RUN_FAILED
-    sys.stdout.flush()
-    return code
+    return exit_now(code)

@@ -233,8 +233,10 @@ class Inspector:
                 table.add_column(str(c), no_wrap=True)
             else:
                 table.add_column(str(c), overflow="fold")
+        from rich.markup import escape
+
         for _, row in df.iterrows():
-            table.add_row(*[_fmt(v) for v in row.tolist()])
+            table.add_row(*[escape(_fmt(v)) for v in row.tolist()])
         Console(file=file, width=240).print(table)
 
     def save_data_to_tsv(self, file: str | os.PathLike | IO[str]) -> None:
@@ -377,9 +379,13 @@ class Inspector:
             if not reps:
                 raise InspectorError(f"the ETRecord has no representative inputs for method '{method}': call "
                                      "etrecord.update_representative_inputs(inputs) before saving it")
-            if run >= len(reps):
-                raise InspectorError(f"run {run} has no representative input ({len(reps)} recorded)")
-            inputs = reps[run]
+            block = self._block_for(method)
+            # a bundled run says which test case it executed; otherwise run i used sample i
+            idx = block.bundled_input_index if block.bundled_input_index is not None else run
+            if idx >= len(reps):
+                raise InspectorError(f"run {run} (test case {idx}) has no representative input "
+                                     f"({len(reps)} recorded)")
+            inputs = reps[idx]
         block = self._block_for(method)
         entries, inner = self._runtime_entries(block, run)
         gm, used = self._reference(method, reference_graph)

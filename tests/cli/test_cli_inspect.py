@@ -1,0 +1,78 @@
+"""``edgetorch inspect``: profile table, numeric-gap table (on the bundled test case that ran), TSV, HTML report
+and clear errors."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from edgetorch.devtools.bundled_program import load_bundled_program
+from edgetorch.exir import to_edge_transform_and_lower
+from edgetorch.runtime import Runtime
+from tests.cli.conftest import cli
+
+
+@pytest.fixture(scope="module")
+def dumps(artifacts, tmp_path_factory):
+    """ETDump + debug buffer of bundled test case 1 (not 0: the gap must use the inputs that really ran)."""
+    folder = tmp_path_factory.mktemp("inspect")
+    case = load_bundled_program(artifacts.bpte).method_test_suites[0].test_cases[1]
+    program = Runtime.get().load_program(artifacts.bpte, enable_etdump=True, debug_buffer_size="auto")
+    program.tracer.set_bundled_input_index(1)
+    program.load_method("forward").execute(*case.inputs)
+    etdump, debug = str(folder / "etdump.etdp"), str(folder / "debug_output.bin")
+    program.write_etdump_result_to_file(etdump, debug)
+    return folder, etdump, debug
+
+
+def test_profile_table_and_tsv(artifacts, dumps):
+    folder, etdump, _ = dumps
+    tsv = folder / "profile.tsv"
+    r = cli("inspect", "--etdump", etdump, "--etrecord", artifacts.etrecord, "--tsv", str(tsv))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "edgetorch profile" in r.stdout and "native_call_addmm.out" in r.stdout and "Method::execute" in r.stdout
+    rows = list(csv.DictReader(tsv.open(), delimiter="\t"))
+    assert any(row["event_name"] == "native_call_addmm.out" for row in rows)
+
+
+def test_gap_table_tsv_and_report(artifacts, dumps):
+    folder, etdump, debug = dumps
+    tsv, report = folder / "gaps.tsv", folder / "report.html"
+    r = cli("inspect", "--etdump", etdump, "--etrecord", artifacts.etrecord, "--debug-buffer", debug, "--gap", "mse",
+            "--tsv", str(tsv), "--report", str(report), "--method", "forward")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "numeric gap (MSE) per op of 'forward'" in r.stdout
+    assert "matched" in r.stdout and "no op adds error of its own" in r.stdout
+    rows = list(csv.DictReader(tsv.open(), delimiter="\t"))
+    assert len(rows) >= 5 and {"aot_ops", "runtime_ops", "gap", "local_gap"} <= set(rows[0])
+    assert all(float(row["gap"]) <= 1e-12 for row in rows)  # compared with test case 1's own inputs
+    assert any("linear" in row["aot_ops"] for row in rows)
+    html = report.read_text()
+    assert "<svg" in html and "coverage" in html
+
+
+def test_errors(artifacts, dumps, tmp_path):
+    _, etdump, debug = dumps
+
+    def err(*args: str) -> str:
+        r = cli("inspect", *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr, r.stderr
+        return r.stderr
+
+    assert "--etdump file not found" in err("--etdump", str(tmp_path / "none.etdp"))
+    assert "--gap needs --etrecord" in err("--etdump", etdump, "--gap", "MSE")
+    assert "--gap needs --debug-buffer" in err("--etdump", etdump, "--etrecord", artifacts.etrecord, "--gap", "MSE")
+    assert "--gap must be one of" in err("--etdump", etdump, "--etrecord", artifacts.etrecord, "--debug-buffer",
+                                         debug, "--gap", "fuzzy")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert "is not a directory" in err("--etdump", etdump, "--tsv", str(blocker / "x.tsv"))
+    # an ETRecord of another program: the content hashes differ
+    other = tmp_path / "other_etrecord.bin"
+    m = torch.nn.Linear(64, 10)
+    et = to_edge_transform_and_lower(torch.export.export(m, (torch.randn(1, 64),)), generate_etrecord=True)
+    et.to_executorch().get_etrecord().save(other)
+    assert "the ETRecord describes program" in err("--etdump", etdump, "--etrecord", str(other))
