@@ -89,6 +89,18 @@ def _bit_equal(a, b) -> bool:
     return type(a) is type(b) and (a == b or (a != a and b != b))
 
 
+def _parse_all(source) -> ETRecord:
+    """``parse_etrecord`` plus every part it reads lazily (reference graphs, handle tables, programs), so that
+    any problem in the file surfaces here."""
+    rec = parse_etrecord(source)
+    for m in rec._lazy.references:
+        rec.reference_graph(m)
+    for m in rec._lazy.handles:
+        rec.handle_table(m)
+    assert rec.exported_programs is not None and rec.edge_programs is not None and rec.graph_map is not None
+    return rec
+
+
 @pytest.fixture(scope="module")
 def small():
     return _small_pipeline()
@@ -352,18 +364,19 @@ def test_every_entry_replaced_by_a_pickle_fails_cleanly(small_bytes, tmp_path, m
 
     names = zipfile.ZipFile(io.BytesIO(small_bytes)).namelist()
     assert MARKER in names and len(names) >= 10
+    assert {"reference/index.json", "reference/0.json", "handles/index.json", "handles/0.json"} <= set(names)
     for kind, payload in payloads.items():
         for name in names:
             bad = _rezip(small_bytes, replace={name: payload})
             with pytest.raises(ETRecordFormatError) as ei:
-                parse_etrecord(bad)
+                _parse_all(bad)
             assert ei.value.field == name, (kind, name, str(ei.value))
             assert name in str(ei.value)
             assert not marker.exists() and not hasattr(builtins, _FLAG), (kind, name)
 
 
 def test_parsing_never_calls_an_unpickler(small_bytes, no_unpickling):
-    assert parse_etrecord(small_bytes).program_hash
+    assert _parse_all(small_bytes).program_hash
     with pytest.raises(ETRecordFormatError):
         parse_etrecord(_rezip(small_bytes, replace={"tensors.bin": pickle.dumps([1, 2, 3])}))
 
@@ -387,7 +400,7 @@ def test_symbolic_expression_injection_is_refused(small_bytes, tmp_path, no_unpi
         first["sizes"][0] = {"as_expr": {"expr_str": code, "hint": {"as_int": 2}}}
 
     with pytest.raises(ETRecordFormatError, match="not allowed") as ei:
-        parse_etrecord(_edit_program_json(small_bytes, _GRAPH, edit))
+        _parse_all(_edit_program_json(small_bytes, _GRAPH, edit))
     assert ei.value.field == _GRAPH and not marker.exists()
 
 
@@ -398,7 +411,7 @@ def test_non_operator_targets_are_refused(small_bytes):
             node["target"] = target
 
         with pytest.raises(ETRecordFormatError, match="not an operator") as ei:
-            parse_etrecord(_edit_program_json(small_bytes, _GRAPH, edit))
+            _parse_all(_edit_program_json(small_bytes, _GRAPH, edit))
         assert ei.value.field == _GRAPH
 
 
@@ -411,7 +424,7 @@ def test_treespec_imports_are_refused(small_bytes):
         doc["graph_module"]["module_call_graph"][0]["signature"]["in_spec"] = spec
 
     with pytest.raises(ETRecordFormatError, match="enum") as ei:
-        parse_etrecord(_edit_program_json(small_bytes, _GRAPH, edit))
+        _parse_all(_edit_program_json(small_bytes, _GRAPH, edit))
     assert ei.value.field == _GRAPH
 
     dd = json.dumps([1, {"type": "collections.defaultdict", "context": json.dumps(
@@ -440,7 +453,7 @@ def test_bad_tensor_records_are_refused(small_bytes):
         change(doc["state_dict"][0]["tensor"])
         bad = _rezip(small_bytes, replace={"programs/1/tensors.json": json.dumps(doc).encode()})
         with pytest.raises(ETRecordFormatError) as ei:
-            parse_etrecord(bad)
+            _parse_all(bad)
         assert ei.value.field == "programs/1/tensors.json", what
 
 

@@ -3,11 +3,14 @@
 ``ETRecord`` holds the ATen and edge programs of every method (with debug handles, stack traces and module
 stacks), the emitter's side tables (instruction id -> debug handle(s), delegate maps, delegate output counts),
 the .pte content hash, and optional representative inputs / reference outputs. Files are a zip of JSON and raw
-tensor bytes (see docs/formats.md, "ETRecord"); reading one never unpickles anything.
+tensor bytes (see docs/formats_etrecord.md); reading one never unpickles anything. Parsing is lazy: programs
+are deserialized on first access, while ``reference_graph(method)`` and ``handle_table(method)`` load from
+compact entries in milliseconds, with weights mapped from the file.
 """
 
 from edgetorch.devtools.etrecord._archive import FORMAT_VERSION, MARKER
 from edgetorch.devtools.etrecord._etrecord import ETRecord, generate_etrecord, parse_etrecord
+from edgetorch.devtools.etrecord._reference import NodeInfo
 from edgetorch.errors import ETRecordError, ETRecordFormatError
 
 __all__ = [
@@ -16,6 +19,7 @@ __all__ = [
     "ETRecordFormatError",
     "FORMAT_VERSION",
     "MARKER",
+    "NodeInfo",
     "generate_etrecord",
     "parse_etrecord",
 ]

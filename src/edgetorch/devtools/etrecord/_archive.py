@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import mmap
 import re
+import struct
+import threading
 import zipfile
+import zlib
 from collections import Counter
 from typing import IO, TYPE_CHECKING, Any
 
@@ -14,7 +19,16 @@ from torch.export import ExportedProgram
 
 import edgetorch
 from edgetorch.devtools.etrecord._program_serde import ProgramDataError, deserialize_program, serialize_program
+from edgetorch.devtools.etrecord._reference import (
+    GraphDataError,
+    NodeInfo,
+    build_handles,
+    build_reference,
+    encode_handles,
+    encode_reference,
+)
 from edgetorch.devtools.etrecord._tensors import (
+    ALIGNMENT,
     TensorBlobWriter,
     TensorDataError,
     TensorReader,
@@ -42,11 +56,18 @@ DELEGATE_MAP = "delegate_map.json"
 NUM_OUTS_MAP = "instruction_id_to_num_outs_map.json"
 INPUTS = "representative_inputs.json"
 OUTPUTS = "reference_outputs.json"
+REFERENCE_INDEX = "reference/index.json"
+REFERENCE_GRAPH = "reference/{}.json"
+HANDLES_INDEX = "handles/index.json"
+HANDLE_TABLE = "handles/{}.json"
 
 _UPSTREAM_MARKER = "ETRECORD_V0"
 _ANY_MARKER = re.compile(r"^ETRECORD_EDGETORCH_V(\d+)$")
 _MAX_DEFLATE_RATIO = 200
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)  # identical records give identical bytes
+_PAD_EXTRA_ID = 0xD935  # local-header extra field used only as padding (as Android's zipalign does)
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+log = logging.getLogger(__name__)
 
 
 # --- normalisation of the emitter side tables (shared by capture and parse) --------------------------------
@@ -141,6 +162,30 @@ def _encode_samples(samples: dict[str, list[Any]], blobs: TensorBlobWriter, what
 Entry = tuple[str, bytes | list[bytes]]
 
 
+def _views(rec: ETRecord, blobs: TensorBlobWriter) -> list[Entry]:
+    """The reference graphs (ATen programs) and handle tables (edge programs), one entry per method. A method
+    whose program the compact schema cannot express gets no entry (and a warning): readers then fall back to
+    the full program."""
+    out: list[Entry] = []
+    for index_name, entry_name, progs, encode, what in (
+            (REFERENCE_INDEX, REFERENCE_GRAPH, rec.exported_programs,
+             lambda ep, m: encode_reference(ep, m, blobs.add), "reference graph"),
+            (HANDLES_INDEX, HANDLE_TABLE, rec.edge_programs, encode_handles, "handle table")):
+        index: dict[str, int] = {}
+        docs: list[Entry] = []
+        for m, ep in progs.items():
+            try:
+                data = _json_bytes(encode(ep, m))
+            except Exception as e:  # an optional view never makes saving fail
+                log.warning("ETRecord: no %s stored for method %r (%s: %s); readers will rebuild it from the "
+                            "full program", what, m, type(e).__name__, e)
+                continue
+            index[m] = len(docs)
+            docs.append((entry_name.format(len(docs)), data))
+        out += [(index_name, _json_bytes(index)), *docs]
+    return out
+
+
 def build_entries(rec: ETRecord) -> list[Entry]:
     """Every entry of the zip, in write order (tensor bytes as a list of chunks, written last). Raises
     ``ETRecordError`` for content the format cannot store."""
@@ -165,6 +210,7 @@ def build_entries(rec: ETRecord) -> list[Entry]:
             raise ETRecordError(f"cannot save the ETRecord: {e}") from e
         d = PROGRAM_DIR.format(i)
         entries += [(d + PROGRAM_GRAPH, graph), (d + PROGRAM_INDEX, index)]
+    entries += _views(rec, blobs)
     entries.append((DEBUG_HANDLE_MAP, _json_bytes(
         {m: {str(i): v for i, v in d.items()} for m, d in (rec._debug_handle_map or {}).items()})))
     if rec._delegate_map is not None:
@@ -191,6 +237,13 @@ def build_entries(rec: ETRecord) -> list[Entry]:
     return head + entries + [(TENSORS, blobs.chunks)]
 
 
+def _padding(header_offset: int, name: str, zip64: bool) -> bytes:
+    """A local-header extra field that puts the entry's data at a multiple of ``ALIGNMENT`` in the file, so a
+    reader can map the file and build tensors in place."""
+    fixed = header_offset + _LOCAL_HEADER.size + len(name.encode()) + (20 if zip64 else 0) + 4
+    return struct.pack("<HH", _PAD_EXTRA_ID, (-fixed) % ALIGNMENT) + b"\0" * ((-fixed) % ALIGNMENT)
+
+
 def write_entries(f: IO[bytes], entries: list[Entry]) -> None:
     with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
         for name, data in entries:
@@ -201,12 +254,49 @@ def write_entries(f: IO[bytes], entries: list[Entry]) -> None:
                 zf.writestr(info, data)
                 continue
             info.file_size = sum(len(c) for c in data)
-            with zf.open(info, "w", force_zip64=info.file_size > 0x7FFFFFFF) as out:
+            # tensors.bin: stored, its data aligned in the file (zipfile adds zip64 sizes to the local header
+            # by this same rule)
+            zip64 = info.file_size * 1.05 > zipfile.ZIP64_LIMIT
+            start = getattr(zf, "start_dir", None)  # where the local header goes
+            if isinstance(start, int):
+                info.extra = _padding(start, name, zip64)
+            with zf.open(info, "w", force_zip64=zip64) as out:
                 for c in data:
                     out.write(c)
 
 
 # --- read ----------------------------------------------------------------------------------------------------
+
+class _BufferFile:
+    """A read-only, seekable file over a buffer (mmap, bytearray), for ``zipfile`` (which reads no more than
+    the entries asked for). Holds no OS file handle."""
+
+    def __init__(self, buf: Any) -> None:
+        self._mv = memoryview(buf)
+        self._pos = 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._mv.nbytes}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self._mv.nbytes if n is None or n < 0 else min(self._pos + n, self._mv.nbytes)
+        data = self._mv[self._pos:end].tobytes() if end > self._pos else b""
+        self._pos = max(self._pos, end)
+        return data
+
+    def close(self) -> None:
+        pass
+
 
 class _Reader:
     def __init__(self, zf: zipfile.ZipFile, path: str | None) -> None:
@@ -238,6 +328,32 @@ class _Reader:
             return json.loads(data)
         except (ValueError, RecursionError) as e:
             raise self.error(name, f"is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+
+    def stored_region(self, name: str, buf: Any) -> tuple[int, int] | None:
+        """(start, length) of an uncompressed entry's bytes inside the archive buffer ``buf``, validated
+        against its local header; None when the entry is compressed (it must then be read)."""
+        info = self.infos[name]
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+            return None
+        if info.compress_size != info.file_size:
+            raise self.error(name, f"stored entry with compressed size {info.compress_size} != size "
+                                   f"{info.file_size}")
+        mv = memoryview(buf).cast("B")
+        off = info.header_offset
+        head = mv[off:off + _LOCAL_HEADER.size].tobytes()
+        if len(head) != _LOCAL_HEADER.size:
+            raise self.error(name, "local header runs past the end of the file")
+        magic, _, _, method, _, _, _, _, _, n_name, n_extra = _LOCAL_HEADER.unpack(head)
+        if magic != b"PK\x03\x04" or method != zipfile.ZIP_STORED:
+            raise self.error(name, "bad local header (magic or compression method)")
+        name_at = off + _LOCAL_HEADER.size
+        if mv[name_at:name_at + n_name].tobytes() != name.encode():
+            raise self.error(name, "local header names another entry")
+        start = name_at + n_name + n_extra
+        if start + info.file_size > mv.nbytes:
+            raise self.error(name, f"bytes [{start}, {start + info.file_size}) run past the end of the file "
+                                   f"({mv.nbytes} bytes)")
+        return start, info.file_size
 
 
 def _open_zip(source: Any, path: str | None) -> zipfile.ZipFile:
@@ -289,7 +405,26 @@ def _program_indices(r: _Reader) -> tuple[int, dict[str, dict[str, int]]]:
     for key in roles["graph_map"]:
         if "/" not in key:
             raise r.error(PROGRAMS, f"graph_map key {key!r} is not 'name/method'")
+    for i in range(count):  # the entries themselves are read when a program is first used
+        for n in (PROGRAM_DIR.format(i) + PROGRAM_GRAPH, PROGRAM_DIR.format(i) + PROGRAM_INDEX):
+            if not r.has(n):
+                r.bytes(n)  # raises: missing
     return count, roles
+
+
+def _view_index(r: _Reader, index_name: str, entry_name: str) -> dict[str, int]:
+    """{method: entry number} of the reference graphs / handle tables; {} for a file written without them."""
+    if not r.has(index_name):
+        return {}
+    doc = r.json(index_name)
+    if not isinstance(doc, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100_000
+                                            for v in doc.values()) or len(set(doc.values())) != len(doc):
+        raise r.error(index_name, "must map method names to distinct entry numbers")
+    for m, v in doc.items():
+        if not r.has(entry_name.format(v)):
+            raise r.error(index_name, f"method {m!r} refers to {entry_name.format(v)!r}, which the ETRecord is "
+                                      "missing")
+    return doc
 
 
 def _read_program(r: _Reader, i: int, reader: TensorReader) -> ExportedProgram:
@@ -320,54 +455,140 @@ def _read_samples(r: _Reader, name: str, reader: TensorReader) -> dict[str, list
     return out
 
 
-def read_archive(source: str | IO[bytes], path: str | None) -> dict[str, Any]:
-    """Parses and validates a whole ETRecord; returns the constructor fields of ``ETRecord``."""
-    check_byteorder()
-    zf = _open_zip(source, path)
-    with zf:
-        dup = [n for n, c in Counter(i.filename for i in zf.infolist()).items() if c > 1]
-        if dup:
-            raise ETRecordFormatError(f"ETRecord zip holds the entry {dup[0]!r} more than once", field=dup[0],
-                                      path=path)
-        r = _Reader(zf, path)
-        _check_marker(r)
-        record = r.json(RECORD)
-        if not isinstance(record, dict) or set(record) != {"program_hash", "memory_plan", "tensor_bytes"}:
-            raise r.error(RECORD, "must hold exactly program_hash, memory_plan and tensor_bytes")
-        ph, mp = record["program_hash"], record["memory_plan"]
-        if ph is not None and not (isinstance(ph, str) and re.fullmatch(r"[0-9a-f]{1,128}", ph)):
-            raise r.error(RECORD, f"program_hash {ph!r} is not a hex string")
-        if mp is not None and not (isinstance(mp, dict) and all(isinstance(v, dict) for v in mp.values())):
-            raise r.error(RECORD, "memory_plan must map method names to dicts")
-        blob = r.bytes(TENSORS)
-        if record["tensor_bytes"] != len(blob):
-            raise r.error(TENSORS, f"holds {len(blob)} bytes, {RECORD!r} expects {record['tensor_bytes']!r}")
-        reader = TensorReader(blob)
-        count, roles = _program_indices(r)
-        programs = [_read_program(r, i, reader) for i in range(count)]
-        fields: dict[str, Any] = {
-            "exported_programs": {k: programs[i] for k, i in roles["aten"].items()},
-            "edge_dialect_program": {k: programs[i] for k, i in roles["edge"].items()} or None,
-            "graph_map": {k: programs[i] for k, i in roles["graph_map"].items()},
-            "program_hash": ph, "memory_plan": mp,
-        }
-        for name, key, norm in ((DEBUG_HANDLE_MAP, "_debug_handle_map", norm_debug_handle_map),
-                                (DELEGATE_MAP, "_delegate_map", lambda m: norm_delegate_map(m, pairs=True)),
-                                (NUM_OUTS_MAP, "_instruction_id_to_num_outs_map", norm_num_outs_map)):
-            if not r.has(name):
-                if name == DEBUG_HANDLE_MAP:
-                    r.bytes(name)  # raises: required
-                fields[key] = None
-                continue
+class ArchiveSource:
+    """The parts of a parsed ETRecord that are read on first use: the programs (torch's deserializer is
+    slow), the reference graphs and the handle tables. Keeps the archive buffer (the file mapping) alive; a
+    problem found then still raises ``ETRecordFormatError`` naming the entry."""
+
+    def __init__(self, r: _Reader, reader: TensorReader, roles: dict[str, dict[str, int]],
+                 references: dict[str, int], handles: dict[str, int], mapped: bool) -> None:
+        self._r = r
+        self.reader = reader
+        self.roles = roles
+        self.references = references
+        self.handles = handles
+        self.mapped = mapped  # tensors are views of a read-only (copy-on-write) mapping of the file
+        self._programs: dict[int, ExportedProgram] = {}
+        self._lock = threading.RLock()
+
+    def __copy__(self) -> ArchiveSource:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ArchiveSource:
+        return self  # read-only: copies of a record share it (a deep copy still copies loaded programs)
+
+    def keys(self, role: str) -> list[str]:
+        return list(self.roles[role])
+
+    def program(self, i: int) -> ExportedProgram:
+        with self._lock:
+            if i not in self._programs:
+                self._programs[i] = _read_program(self._r, i, self.reader)
+            return self._programs[i]
+
+    def programs(self, role: str) -> dict[str, ExportedProgram]:
+        return {k: self.program(i) for k, i in self.roles[role].items()}
+
+    def is_stored(self, role: str, key: str, ep: Any) -> bool:
+        """True when ``ep`` is the program loaded from the file for ``role``/``key``."""
+        i = self.roles[role].get(key)
+        return i is not None and ep is not None and self._programs.get(i) is ep
+
+    def _view(self, name: str, method: str, build: Any) -> Any:
+        with self._lock:
+            doc = self._r.json(name)
+            if not isinstance(doc, dict) or doc.get("method") != method:
+                raise self._r.error(name, f"does not describe method {method!r}")
             try:
-                fields[key] = norm(r.json(name))
-            except ValueError as e:
-                if isinstance(e, ETRecordFormatError):
-                    raise
-                raise r.error(name, str(e)) from None
-        fields["_representative_inputs"] = _read_samples(r, INPUTS, reader)
-        fields["_reference_outputs"] = _read_samples(r, OUTPUTS, reader)
-    return fields
+                return build(doc)
+            except (GraphDataError, TensorDataError, RecursionError) as e:
+                raise self._r.error(name, str(e)[:500]) from None
+
+    def reference_graph(self, method: str) -> torch.fx.GraphModule:
+        return self._view(REFERENCE_GRAPH.format(self.references[method]), method,
+                          lambda doc: build_reference(doc, self.reader.read))
+
+    def handle_table(self, method: str) -> dict[int, list[NodeInfo]]:
+        return self._view(HANDLE_TABLE.format(self.handles[method]), method, build_handles)
+
+
+def _in_memory(data: Any) -> Any:
+    """A writable copy of ``data`` in memory from torch's allocator (64-byte aligned, like the file layout),
+    so that tensors can be views of it."""
+    src = memoryview(data).cast("B")
+    buf = torch.empty(src.nbytes, dtype=torch.uint8).numpy()
+    memoryview(buf)[:] = src
+    return buf
+
+
+def _load_buffer(source: Any, path: str | None) -> tuple[Any, bool]:
+    """The whole file as a buffer: a copy-on-write memory map for a path, else a copy in memory."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _in_memory(source), False
+    if path is not None:
+        with open(path, "rb") as f:
+            try:
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), True
+            except (ValueError, OSError):  # empty file, or a file that cannot be mapped (a pipe)
+                return _in_memory(f.read()), False
+    return _in_memory(source.read()), False
+
+
+def read_archive(source: str | IO[bytes] | bytes, path: str | None) -> tuple[dict[str, Any], ArchiveSource]:
+    """Validates an ETRecord's structure and reads its small tables; returns the constructor fields of
+    ``ETRecord`` (programs excluded) and the ``ArchiveSource`` that loads the rest on demand."""
+    check_byteorder()
+    buf, mapped = _load_buffer(source, path)
+    zf = _open_zip(_BufferFile(buf), path)
+    dup = [n for n, c in Counter(i.filename for i in zf.infolist()).items() if c > 1]
+    if dup:
+        raise ETRecordFormatError(f"ETRecord zip holds the entry {dup[0]!r} more than once", field=dup[0],
+                                  path=path)
+    r = _Reader(zf, path)
+    _check_marker(r)
+    record = r.json(RECORD)
+    if not isinstance(record, dict) or set(record) != {"program_hash", "memory_plan", "tensor_bytes"}:
+        raise r.error(RECORD, "must hold exactly program_hash, memory_plan and tensor_bytes")
+    ph, mp = record["program_hash"], record["memory_plan"]
+    if ph is not None and not (isinstance(ph, str) and re.fullmatch(r"[0-9a-f]{1,128}", ph)):
+        raise r.error(RECORD, f"program_hash {ph!r} is not a hex string")
+    if mp is not None and not (isinstance(mp, dict) and all(isinstance(v, dict) for v in mp.values())):
+        raise r.error(RECORD, "memory_plan must map method names to dicts")
+    if not r.has(TENSORS):
+        r.bytes(TENSORS)  # raises: missing
+    region = r.stored_region(TENSORS, buf)
+    if region is None:  # compressed by some other writer: decompress into memory
+        buf, mapped = _in_memory(r.bytes(TENSORS)), False
+        region = (0, buf.nbytes)
+    elif not mapped and zlib.crc32(memoryview(buf)[region[0]:region[0] + region[1]]) != r.infos[TENSORS].CRC:
+        raise r.error(TENSORS, "cannot be read (Bad CRC-32: the bytes are corrupted)")
+    if record["tensor_bytes"] != region[1]:
+        raise r.error(TENSORS, f"holds {region[1]} bytes, {RECORD!r} expects {record['tensor_bytes']!r}")
+    try:
+        reader = TensorReader(buf, *region)
+    except TensorDataError as e:
+        raise r.error(TENSORS, str(e)) from None
+    _, roles = _program_indices(r)
+    fields: dict[str, Any] = {"program_hash": ph, "memory_plan": mp}
+    for name, key, norm in ((DEBUG_HANDLE_MAP, "_debug_handle_map", norm_debug_handle_map),
+                            (DELEGATE_MAP, "_delegate_map", lambda m: norm_delegate_map(m, pairs=True)),
+                            (NUM_OUTS_MAP, "_instruction_id_to_num_outs_map", norm_num_outs_map)):
+        if not r.has(name):
+            if name == DEBUG_HANDLE_MAP:
+                r.bytes(name)  # raises: required
+            fields[key] = None
+            continue
+        try:
+            fields[key] = norm(r.json(name))
+        except ValueError as e:
+            if isinstance(e, ETRecordFormatError):
+                raise
+            raise r.error(name, str(e)) from None
+    fields["_representative_inputs"] = _read_samples(r, INPUTS, reader)
+    fields["_reference_outputs"] = _read_samples(r, OUTPUTS, reader)
+    source_ = ArchiveSource(r, reader, roles, _view_index(r, REFERENCE_INDEX, REFERENCE_GRAPH),
+                            _view_index(r, HANDLES_INDEX, HANDLE_TABLE), mapped)
+    return fields, source_
 
 
 def to_bytes(entries: list[Entry]) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import io
+import logging
 import os
 from typing import IO, Any
 
@@ -12,7 +12,12 @@ from torch.export import ExportedProgram
 
 from edgetorch._fileio import atomic_write
 from edgetorch.devtools.etrecord import _archive as ar
+from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_program, reference_from_program
+from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
 from edgetorch.errors import ETRecordError
+
+log = logging.getLogger(__name__)
+_FROM_FILE = object()  # cache key of a view loaded from the file's compact entry
 
 PathOrFile = str | os.PathLike | IO[bytes]
 
@@ -59,7 +64,13 @@ class ETRecord:
     Get one with ``to_edge(..., generate_etrecord=True)`` then ``ExecutorchProgramManager.get_etrecord()``,
     or write one with ``generate_etrecord``; read one with ``parse_etrecord``. Instruction ids are ints in
     memory, both for a freshly captured record and for a parsed one.
+
+    A parsed record is lazy: each group of programs (``exported_programs``, ``edge_programs`` /
+    ``edge_dialect_program``, ``graph_map``) is deserialized on first access. ``reference_graph(method)`` and
+    ``handle_table(method)`` load from compact entries in milliseconds, without deserializing any program.
     """
+
+    _ROLES = {"aten": "_aten_programs", "edge": "_edge_program_dict", "graph_map": "_graph_map_programs"}
 
     def __init__(self, exported_program: ExportedProgram | None = None,
                  edge_dialect_program: ExportedProgram | dict[str, ExportedProgram] | None = None,
@@ -71,13 +82,17 @@ class ETRecord:
                  _representative_inputs: dict[str, list[tuple]] | None = None,
                  *, exported_programs: dict[str, ExportedProgram] | None = None, program_hash: str | None = None,
                  memory_plan: dict[str, dict[str, Any]] | None = None) -> None:
-        self.exported_programs: dict[str, ExportedProgram] = dict(exported_programs or {})
+        # program dicts; None while a parsed record has not loaded them yet (``_lazy`` then loads them)
+        self._lazy: ar.ArchiveSource | None = None
+        self._aten_programs: dict[str, ExportedProgram] | None = dict(exported_programs or {})
         if exported_program is not None:
-            self.exported_programs["forward"] = exported_program
-        self._edge_programs: dict[str, ExportedProgram] = {}
+            self._aten_programs["forward"] = exported_program
+        self._edge_program_dict: dict[str, ExportedProgram] | None = {}
         if edge_dialect_program is not None:
-            self._edge_programs = _edge_dict(edge_dialect_program, "edge_dialect_program")
-        self.graph_map: dict[str, ExportedProgram] = dict(graph_map or {})
+            self._edge_program_dict = _edge_dict(edge_dialect_program, "edge_dialect_program")
+        self._graph_map_programs: dict[str, ExportedProgram] | None = dict(graph_map or {})
+        self._reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
+        self._handle_cache: dict[str, tuple[Any, dict[int, list[NodeInfo]]]] = {}
         self._debug_handle_map = None if _debug_handle_map is None else ar.norm_debug_handle_map(_debug_handle_map)
         self._delegate_map = None if _delegate_map is None else ar.norm_delegate_map(_delegate_map)
         self._instruction_id_to_num_outs_map = (None if _instruction_id_to_num_outs_map is None
@@ -88,6 +103,48 @@ class ETRecord:
         self.memory_plan: dict[str, dict[str, Any]] | None = memory_plan
 
     # -- programs ---------------------------------------------------------------------------------------------
+    def _programs(self, role: str) -> dict[str, ExportedProgram]:
+        attr = self._ROLES[role]
+        d = self.__dict__[attr]
+        if d is None:
+            assert self._lazy is not None
+            d = self._lazy.programs(role)  # raises ETRecordFormatError (naming the entry) for a bad program
+            self.__dict__[attr] = d
+        return d
+
+    def _program_names(self, role: str) -> list[str]:
+        d = self.__dict__[self._ROLES[role]]
+        if d is None:
+            assert self._lazy is not None
+            return self._lazy.keys(role)
+        return list(d)
+
+    @property
+    def exported_programs(self) -> dict[str, ExportedProgram]:
+        """{method: ATen program} of every method (deserialized on first access for a parsed record)."""
+        return self._programs("aten")
+
+    @exported_programs.setter
+    def exported_programs(self, programs: dict[str, ExportedProgram]) -> None:
+        self._aten_programs = dict(programs)
+
+    @property
+    def graph_map(self) -> dict[str, ExportedProgram]:
+        """{"<name>/<method>": program}: extra graphs (deserialized on first access for a parsed record)."""
+        return self._programs("graph_map")
+
+    @graph_map.setter
+    def graph_map(self, programs: dict[str, ExportedProgram]) -> None:
+        self._graph_map_programs = dict(programs)
+
+    @property
+    def _edge_programs(self) -> dict[str, ExportedProgram]:
+        return self._programs("edge")
+
+    @_edge_programs.setter
+    def _edge_programs(self, programs: dict[str, ExportedProgram]) -> None:
+        self._edge_program_dict = programs
+
     @property
     def exported_program(self) -> ExportedProgram | None:
         """The ATen program of ``forward`` (``exported_programs`` holds every method)."""
@@ -120,13 +177,73 @@ class ETRecord:
 
     @property
     def methods(self) -> list[str]:
-        return sorted(self._edge_programs)
+        return sorted(self._program_names("edge"))
 
     def edge_program(self, method: str = "forward") -> ExportedProgram:
         try:
             return self._edge_programs[method]
         except KeyError:
             raise KeyError(f"ETRecord has no edge program for method {method!r}; methods: {self.methods}") from None
+
+    # -- compact views: reference graph and handle table -----------------------------------------------------------
+    def _view_key(self, role: str, method: str) -> Any:
+        """What a cached view of ``method`` must have been built from to still be valid: ``_FROM_FILE`` while
+        the file's compact entry describes the record's program (that role's programs not loaded yet, or
+        ``method`` still maps to the program loaded from the file), else the program object itself (None
+        when there is none or it is not loaded)."""
+        lazy = self._lazy
+        d = self.__dict__[self._ROLES[role]]
+        if lazy is not None and method in (lazy.references if role == "aten" else lazy.handles):
+            if d is None or lazy.is_stored(role, method, d.get(method)):
+                return _FROM_FILE
+        return None if d is None else d.get(method)
+
+    def reference_graph(self, method: str = "forward") -> torch.fx.GraphModule | None:
+        """The ATen program of ``method`` as a runnable, flat, unlifted ``GraphModule`` (equivalent to
+        ``exported_programs[method].module()``): placeholders are the flattened user inputs, parameters,
+        buffers and constants are attributes (zero-copy views of the mapped file for a parsed record), the
+        output is the tuple of flattened user outputs. Op nodes keep their names and ``meta["custom"]`` (debug
+        handle), ``"stack_trace"``, ``"nn_module_stack"`` and ``"val"`` (shape/dtype as meta tensors).
+
+        Loads in milliseconds from a parsed record without deserializing any program; ``None`` when the
+        record has no ATen program for ``method`` or the program cannot be expressed as such a graph (higher-
+        order ops, custom objects). The GraphModule is cached: treat it as read-only."""
+        key = self._view_key("aten", method)
+        hit = self._reference_cache.get(method)
+        if hit is not None and key is not None and hit[0] is key:
+            return hit[1]
+        if key is _FROM_FILE:
+            assert self._lazy is not None
+            gm = self._lazy.reference_graph(method)
+        else:
+            key = self.exported_programs.get(method)
+            if key is None:
+                return None
+            try:
+                gm = reference_from_program(key, method)
+            except UnsupportedValueError as e:
+                log.warning("ETRecord: no reference graph for method %r: %s", method, e)
+                gm = None
+        self._reference_cache[method] = (key, gm)
+        return gm
+
+    def handle_table(self, method: str = "forward") -> dict[int, list[NodeInfo]]:
+        """{debug handle: [NodeInfo, ...]} of the edge program of ``method`` (before lowering): every op node
+        that carries a handle (``operator.getitem`` skipped), in graph order. Loads in milliseconds from a
+        parsed record without deserializing any program; raises ``KeyError`` when the record has no edge
+        program for ``method``."""
+        key = self._view_key("edge", method)
+        hit = self._handle_cache.get(method)
+        if hit is None or key is None or hit[0] is not key:
+            if key is _FROM_FILE:
+                assert self._lazy is not None
+                table = self._lazy.handle_table(method)
+            else:
+                key = self.edge_program(method)
+                table = handles_from_program(key, method)
+            hit = (key, table)
+            self._handle_cache[method] = hit
+        return {h: list(infos) for h, infos in hit[1].items()}
 
     # -- read-only views of the executorch-stage tables -----------------------------------------------------------
     @property
@@ -181,12 +298,12 @@ class ETRecord:
     def add_exported_program(self, exported_program: ExportedProgram | dict[str, ExportedProgram] | None) -> None:
         if exported_program is None:
             return
-        if self.exported_programs:
+        if self._program_names("aten"):
             raise ETRecordError("the ATen exported program is already set")
         self.exported_programs = _edge_dict(exported_program, "exported_program")
 
     def add_edge_dialect_program(self, edge_dialect_program: Any) -> None:
-        if self._edge_programs:
+        if self._program_names("edge"):
             raise ETRecordError("the edge dialect program is already set")
         self._edge_programs = _edge_dict(edge_dialect_program, "edge_dialect_program")
 
@@ -252,8 +369,9 @@ class ETRecord:
         """A shallow copy (programs and tensors shared, containers new) of every field."""
         new = ETRecord.__new__(ETRecord)
         new.__dict__.update(self.__dict__)
-        for k in ("exported_programs", "_edge_programs", "graph_map"):
-            setattr(new, k, dict(getattr(self, k)))
+        for k in (*self._ROLES.values(), "_reference_cache", "_handle_cache"):  # an unloaded role stays lazy
+            v = self.__dict__[k]
+            new.__dict__[k] = None if v is None else dict(v)
         for k in ("_debug_handle_map", "_delegate_map", "_instruction_id_to_num_outs_map", "_reference_outputs",
                   "_representative_inputs", "memory_plan"):
             v = getattr(self, k)
@@ -277,7 +395,7 @@ class ETRecord:
             atomic_write(path, writer=lambda f: ar.write_entries(f, entries))
 
     def _check_complete(self) -> None:
-        missing = [what for what, ok in (("the edge dialect program", bool(self._edge_programs)),
+        missing = [what for what, ok in (("the edge dialect program", bool(self._program_names("edge"))),
                                          ("the debug-handle map", self._debug_handle_map is not None)) if not ok]
         if missing:
             raise ETRecordError(f"cannot save an ETRecord without {' and '.join(missing)}: take it from "
@@ -286,24 +404,29 @@ class ETRecord:
 
     def __repr__(self) -> str:
         n_instr = sum(len(d) for d in (self._debug_handle_map or {}).values())
-        return (f"ETRecord(methods={self.methods}, aten={sorted(self.exported_programs)}, "
-                f"graph_map={sorted(self.graph_map)}, instructions={n_instr}, program_hash={self.program_hash!r})")
+        return (f"ETRecord(methods={self.methods}, aten={sorted(self._program_names('aten'))}, "
+                f"graph_map={sorted(self._program_names('graph_map'))}, instructions={n_instr}, "
+                f"program_hash={self.program_hash!r})")
 
 
 def parse_etrecord(etrecord_path: PathOrFile) -> ETRecord:
     """Reads an ETRecord file (path, binary file object or bytes); raises ``ETRecordFormatError`` naming the
-    entry at fault for any malformed, unsafe or unsupported content. Nothing is unpickled."""
+    entry at fault for any malformed, unsafe or unsupported content. Nothing is unpickled.
+
+    The archive structure, the side tables and the representative inputs / reference outputs are validated
+    here; the programs, reference graphs and handle tables are read (and validated) on first use, and raise
+    ``ETRecordFormatError`` then. From a path the file is memory-mapped (copy-on-write) and tensors are
+    built in place; from a file object or bytes it is read into memory once."""
     path = None
     source: Any = etrecord_path
-    if isinstance(etrecord_path, (bytes, bytearray, memoryview)):
-        source = io.BytesIO(bytes(etrecord_path))
-    elif not hasattr(etrecord_path, "read"):
+    if not isinstance(etrecord_path, (bytes, bytearray, memoryview)) and not hasattr(etrecord_path, "read"):
         path = os.fspath(etrecord_path)
         source = path
-    fields = ar.read_archive(source, path)
-    edge = fields.pop("edge_dialect_program")
+    fields, lazy = ar.read_archive(source, path)
     rec = ETRecord(**fields)
-    rec._edge_programs = edge or {}  # keeps the method name of a single-method program
+    rec._lazy = lazy
+    for attr in ETRecord._ROLES.values():  # the name of a single edge method is kept by the source
+        rec.__dict__[attr] = None
     return rec
 
 

@@ -19,7 +19,6 @@ import re
 from typing import Any
 
 import torch
-from torch._export.serde import serialize as serde
 from torch.export import ExportedProgram
 
 from edgetorch.devtools.etrecord._tensors import (
@@ -33,6 +32,14 @@ from edgetorch.devtools.etrecord._tensors import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _serde() -> Any:
+    """``torch._export.serde.serialize``, imported on first use: it pulls in torch._dynamo (seconds), and
+    ``parse_etrecord`` must not pay for it until a program is actually deserialized."""
+    from torch._export.serde import serialize
+
+    return serialize
 
 # --- checks on the graph JSON -----------------------------------------------------------------------------
 
@@ -171,7 +178,7 @@ def _allowed_callable(t: Any) -> bool:
     if isinstance(t, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
         return True
     try:
-        return t is operator.getitem or t in serde._SYM_OPS
+        return t is operator.getitem or t in _serde()._SYM_OPS
     except TypeError:  # unhashable
         return False
 
@@ -214,7 +221,7 @@ def serialize_program(ep: ExportedProgram, what: str, blobs: TensorBlobWriter) -
         except UnsupportedValueError as e:
             log.warning("ETRecord: example inputs of %s not stored: %s", what, e)
     try:
-        art = serde.serialize(ep, serialize_state_dict=False, serialize_constants=False,
+        art = _serde().serialize(ep, serialize_state_dict=False, serialize_constants=False,
                               serialize_example_inputs=False)
     except Exception as e:
         raise ProgramDataError(f"{what}: torch.export cannot serialize this program "
@@ -263,6 +270,7 @@ def deserialize_program(graph_json: bytes, index_json: bytes, reader: TensorRead
                 raise ProgramDataError("example_inputs must be (args tuple, kwargs dict)")
     except (ValueError, RecursionError) as e:
         raise ProgramDataError(f"{e}", i_name) from None
+    serde = _serde()
     try:
         ep = serde.deserialize(serde.SerializedArtifact(graph_json, state_dict, constants,  # type: ignore[arg-type]
                                                         example_inputs))

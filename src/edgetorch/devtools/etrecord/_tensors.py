@@ -112,23 +112,54 @@ class TensorBlobWriter:
 
 class TensorReader:
     """Builds tensors from records over one blob; the same record (and flags) gives the same tensor object,
-    so weights shared between programs stay shared after loading."""
+    so weights shared between programs stay shared after loading.
 
-    def __init__(self, blob: bytes) -> None:
+    ``blob`` is any buffer (bytes, bytearray, memoryview, mmap); ``start`` and ``size`` select the tensor
+    region inside it (default: all of it). With a writable buffer (an ``mmap`` with ``ACCESS_COPY``, a
+    bytearray), a tensor whose bytes are suitably aligned is built zero-copy: ``torch.frombuffer`` keeps the
+    buffer alive for as long as the tensor is referenced. Otherwise the bytes are copied.
+    """
+
+    def __init__(self, blob: Any, start: int = 0, size: int | None = None) -> None:
         self.blob = blob
+        mv = memoryview(blob)
+        self.start = start
+        self.size = (mv.nbytes - start) if size is None else size
+        if start < 0 or self.size < 0 or start + self.size > mv.nbytes:
+            raise TensorDataError(f"tensor region [{start}, {start + self.size}) lies outside the buffer")
+        self.zero_copy = not mv.readonly and mv.nbytes > 0
+        # address of the region start: zero-copy only where a tensor's bytes meet its dtype's alignment
+        self._addr = torch.frombuffer(blob, dtype=torch.uint8, count=1).data_ptr() if self.zero_copy else 0
+        mv.release()
         self._cache: dict[tuple, torch.Tensor] = {}
 
     def read(self, rec: Any, what: str, param: bool = False, requires_grad: bool = False) -> torch.Tensor:
-        dtype, shape, strides, offset, nbytes = check_record(rec, len(self.blob), what)
+        dtype, shape, strides, offset, nbytes = check_record(rec, self.size, what)
         key = (dtype, tuple(shape), tuple(strides), offset, nbytes, param, requires_grad)
         if key in self._cache:
             return self._cache[key]
         if requires_grad and not (dtype.is_floating_point or dtype.is_complex):
             raise TensorDataError(f"{what}: requires_grad on a {dtype} tensor")
-        t = _build(self.blob, dtype, shape, strides, offset, nbytes, what)
+        t = self._build(dtype, shape, strides, offset, nbytes, what)
         t = torch.nn.Parameter(t, requires_grad=requires_grad) if param else t.requires_grad_(requires_grad)
         self._cache[key] = t
         return t
+
+    def _build(self, dtype: torch.dtype, shape: list[int], strides: list[int], offset: int, nbytes: int,
+               what: str) -> torch.Tensor:
+        pos = self.start + offset
+        # in place only at torch's own allocation alignment: CPU kernels (gemm blocking) may round differently
+        # on less aligned data, and a loaded weight must compute exactly like the original
+        if nbytes and self.zero_copy and (self._addr + pos) % ALIGNMENT == 0:
+            flat = torch.frombuffer(self.blob, dtype=torch.uint8, count=nbytes, offset=pos)
+            return _finish(flat, dtype, shape, strides, what)
+        return _build(memoryview(self.blob)[pos:pos + nbytes], dtype, shape, strides, 0, nbytes, what)
+
+    def address_range(self) -> tuple[int, int]:
+        """[first, last) address of the tensor region when tensors are built in place, else (0, 0)."""
+        if not self.zero_copy:
+            return 0, 0
+        return self._addr + self.start, self._addr + self.start + self.size
 
 
 def check_record(rec: Any, blob_len: int, what: str) -> tuple[torch.dtype, list[int], list[int], int, int]:
@@ -157,11 +188,9 @@ def check_record(rec: Any, blob_len: int, what: str) -> tuple[torch.dtype, list[
     return dtype, shape, strides, offset, nbytes
 
 
-def _build(blob: bytes | memoryview, dtype: torch.dtype, shape: list[int], strides: list[int], offset: int,
-           nbytes: int, what: str) -> torch.Tensor:
-    if nbytes == 0:
-        return torch.empty_strided(shape, strides, dtype=dtype)
-    flat = torch.frombuffer(bytearray(memoryview(blob)[offset:offset + nbytes]), dtype=torch.uint8)
+def _finish(flat: torch.Tensor, dtype: torch.dtype, shape: list[int], strides: list[int], what: str
+            ) -> torch.Tensor:
+    """``flat``: the tensor's bytes (uint8, row-major); returns the tensor with its dtype, shape and strides."""
     if dtype == torch.bool and int(flat.max()) > 1:
         raise TensorDataError(f"{what}: bool tensor holds bytes other than 0 and 1")
     t = flat.view(dtype).reshape(shape)
@@ -170,6 +199,16 @@ def _build(blob: bytes | memoryview, dtype: torch.dtype, shape: list[int], strid
         out.copy_(t)
         t = out
     return t
+
+
+def _build(blob: bytes | memoryview, dtype: torch.dtype, shape: list[int], strides: list[int], offset: int,
+           nbytes: int, what: str) -> torch.Tensor:
+    """Builds a tensor from a copy of ``blob[offset:offset + nbytes]`` (in memory from torch's allocator)."""
+    if nbytes == 0:
+        return torch.empty_strided(shape, strides, dtype=dtype)
+    flat = torch.empty(nbytes, dtype=torch.uint8)
+    memoryview(flat.numpy())[:] = memoryview(blob)[offset:offset + nbytes]
+    return _finish(flat, dtype, shape, strides, what)
 
 
 def read_tensor(rec: Any, blob: bytes | memoryview, what: str) -> torch.Tensor:

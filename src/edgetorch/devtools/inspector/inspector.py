@@ -29,20 +29,6 @@ log = logging.getLogger(__name__)
 _HIDDEN_COLUMNS = ["raw", "delegate_debug_identifier", "stack_traces", "module_hierarchy", "debug_data"]
 
 
-def _node_op_name(node: torch.fx.Node) -> str:
-    t = node.target
-    return t.name() if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", str(t))
-
-
-def _is_view(node: torch.fx.Node) -> bool:
-    t = node.target
-    if not isinstance(t, torch._ops.OpOverload):
-        return False
-    from edgetorch.exir.op_variants import is_view_op
-
-    return is_view_op(t)
-
-
 class Inspector:
     """Reads an ETDump and (optionally) an ETRecord; see the module docstring."""
 
@@ -144,19 +130,11 @@ class Inspector:
         return self._debug_buffer.tensor(t)
 
     # -- ETRecord association ------------------------------------------------------------------------------
-    def _nodes_by_handle(self, method: str) -> dict[int, list[torch.fx.Node]]:
+    def _nodes_by_handle(self, method: str) -> dict[int, list[Any]]:
+        """Edge nodes per debug handle (``NodeInfo``: name, op, stack_trace, nn_module_stack, is_view)."""
         if method not in self._handle_nodes:
-            from edgetorch.exir.debug_handles import get_debug_handle
-
-            out: dict[int, list[torch.fx.Node]] = {}
-            edge = self._etrecord.edge_programs.get(method) if self._etrecord is not None else None
-            if edge is not None:
-                for n in edge.graph.nodes:
-                    if n.op == "call_function" and n.target.__name__ != "getitem":
-                        h = get_debug_handle(n)
-                        if h is not None:
-                            out.setdefault(h, []).append(n)
-            self._handle_nodes[method] = out
+            table = self._etrecord.handle_table(method) if self._etrecord is not None else None
+            self._handle_nodes[method] = dict(table or {})
         return self._handle_nodes[method]
 
     def _associate(self) -> None:
@@ -194,11 +172,11 @@ class Inspector:
                 handles = ev.debug_handles if isinstance(ev.debug_handles, list) else [ev.debug_handles]
                 for h in handles:
                     for n in nodes_by_h.get(h, []):
-                        ev.op_types.append(_node_op_name(n))
-                        if n.meta.get("stack_trace"):
-                            ev.stack_traces.setdefault(n.name, n.meta["stack_trace"])
-                        if n.meta.get("nn_module_stack") is not None:
-                            ev.module_hierarchy.setdefault(n.name, n.meta["nn_module_stack"])
+                        ev.op_types.append(n.op)
+                        if n.stack_trace:
+                            ev.stack_traces.setdefault(n.name, n.stack_trace)
+                        if n.nn_module_stack is not None:
+                            ev.module_hierarchy.setdefault(n.name, n.nn_module_stack)
             refs = (rec.reference_outputs or {}).get(method)
             if refs and block.bundled_input_index is not None and block.bundled_input_index < len(refs):
                 block.reference_output = refs[block.bundled_input_index]
@@ -331,9 +309,8 @@ class Inspector:
     def _reference(self, method: str, reference_graph: str | None) -> tuple[torch.fx.GraphModule, str]:
         rec = self._etrecord
         if reference_graph in (None, "exported_program"):
-            aten = (getattr(rec, "exported_programs", None) or {}).get(method)
-            if aten is not None:
-                gm = aten.module()
+            gm = rec.reference_graph(method)
+            if gm is not None:
                 last, _ = reference_handles(gm)
                 edge_handles = set(self._nodes_by_handle(method))
                 if last and edge_handles <= set(last) | {0}:
@@ -391,7 +368,7 @@ class Inspector:
         gm, used = self._reference(method, reference_graph)
         flat = pytree.tree_leaves(tuple(inputs))
         nodes_by_h = self._nodes_by_handle(method)
-        view_only = {h for h, ns in nodes_by_h.items() if ns and all(_is_view(n) for n in ns)}
+        view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
         df, cov = compute_numeric_gap(gm, tuple(flat), entries, comparator, view_only=view_only,
                                       delegated_without_inner=set(), local=local)
         df.attrs["reference_graph"] = used

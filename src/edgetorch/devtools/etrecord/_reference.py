@@ -1,0 +1,609 @@
+"""Compact, fast-loading companions of the stored programs: the reference graph and the debug-handle table.
+
+Deserializing an ``ExportedProgram`` with torch's schema deserializer takes seconds for a large model (and
+imports torch._dynamo). The Inspector needs much less: a runnable graph of the ATen program and, per debug
+handle, the edge nodes that carry it. Both are written at save time in an edgetorch JSON schema that loads
+in milliseconds:
+
+* **reference graph** (``reference/<i>.json``): the ATen program of one method as a flat, *unlifted* graph.
+  Placeholders are the flattened user inputs; parameters, buffers and constants are ``get_attr`` nodes whose
+  tensors are registered on the root module (read from ``tensors.bin``, zero-copy where it is mapped);
+  the output node returns the flattened user outputs. Buffer and user-input mutations become
+  ``aten::copy_`` nodes, as in ``ExportedProgram.module()``.
+* **handle table** (``handles/<i>.json``): per debug handle, the op nodes of the edge program (before
+  lowering) that carry it, in graph order.
+
+Loading never evaluates or imports a string from the file: a node target is ``"<namespace>::<op>.<overload>"``
+looked up as ``getattr(getattr(torch.ops, namespace), op)`` then the overload, for a fixed set of
+namespaces, and the result must be an ``OpOverload``; the only other callables are a fixed table of
+functions of the ``operator`` module. Arguments are JSON (node references, None, bool, int, float, str,
+lists, tuples, dtypes, devices, layouts, memory formats); anything else is refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import keyword
+import math
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from edgetorch.devtools.etrecord._tensors import _NAME_OF, DTYPES, UnsupportedValueError
+
+REFERENCE_FORMAT = "edgetorch.reference_graph"
+HANDLES_FORMAT = "edgetorch.handle_table"
+SCHEMA_VERSION = 1
+
+#: operator namespaces a stored target may name
+NAMESPACES = ("aten", "prims", "quantized_decomposed", "edgetorch", "torchao")
+# namespaces registered by a Python module: imported (a fixed name, never one from the file) on a miss
+_LAZY_NAMESPACE_MODULES = {
+    "quantized_decomposed": "torch.ao.quantization.fx._decomposed",
+    "torchao": "torchao.quantization.quant_primitives",
+    "edgetorch": "edgetorch.exir.backend.lowered",
+}
+#: the functions of ``operator`` a stored target may name (getitem, and the arithmetic of symbolic shapes)
+OPERATORS: dict[str, Callable[..., Any]] = {
+    "getitem": operator.getitem, "add": operator.add, "sub": operator.sub, "mul": operator.mul,
+    "floordiv": operator.floordiv, "truediv": operator.truediv, "mod": operator.mod, "neg": operator.neg,
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+    "ge": operator.ge,
+}
+_OPERATOR_NAME = {id(f): k for k, f in OPERATORS.items()}
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,199}"
+_TARGET_RE = re.compile(rf"^({'|'.join(NAMESPACES)})::({_IDENT})\.({_IDENT})$")
+_NAME_RE = re.compile(rf"^{_IDENT}$")
+_DEVICE_RE = re.compile(r"^(?:cpu|cuda|meta|mps|xpu|hpu|privateuseone)(?::[0-9]{1,4})?$")
+_LAYOUTS: dict[str, torch.layout] = {
+    n: getattr(torch, n) for n in ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
+                                   "sparse_bsc", "_mkldnn", "jagged")
+    if isinstance(getattr(torch, n, None), torch.layout)
+}
+_MEMORY_FORMATS: dict[str, torch.memory_format] = {
+    n: getattr(torch, n) for n in ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
+}
+_LAYOUT_NAME = {v: k for k, v in _LAYOUTS.items()}
+_MEMORY_FORMAT_NAME = {v: k for k, v in _MEMORY_FORMATS.items()}
+_MAX_DEPTH = 32
+_MAX_NODES = 1_000_000
+_INT_MIN, _INT_MAX = -(2**63), 2**64
+_ATTR_KINDS = ("parameter", "buffer", "constant")
+# attribute names that would shadow a GraphModule / nn.Module member
+_RESERVED_ATTRS = frozenset(dir(torch.fx.GraphModule)) | frozenset(vars(torch.nn.Module()))
+
+
+class GraphDataError(ValueError):
+    """A malformed or unsafe reference graph / handle table; the caller names the zip entry."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One op node of an edge program: ``op`` is the operator's schema name (``"aten::addmm"``) or the
+    target's name, ``nn_module_stack`` maps a key to ``(module path, module type name)``, ``is_view`` says
+    the op returns an alias of an input (``edgetorch.exir.op_variants.is_view_op``)."""
+
+    name: str
+    op: str
+    stack_trace: str | None
+    nn_module_stack: dict[str, tuple[str, str]] | None
+    is_view: bool
+
+
+# --- targets ---------------------------------------------------------------------------------------------
+
+def target_name(t: Any) -> str:
+    """``torch.ops.aten.add.Tensor`` -> ``"aten::add.Tensor"``, ``operator.getitem`` -> ``"operator::getitem"``;
+    raises ``UnsupportedValueError`` for any other callable (or one that would not resolve back to itself)."""
+    if isinstance(t, torch._ops.OpOverload):
+        ns = t.namespace
+        name = t._schema.name.split("::", 1)[-1]
+        s = f"{ns}::{name}.{t._overloadname}"
+        try:
+            ok = resolve_target(s) is t
+        except GraphDataError:
+            ok = False
+        if not ok:
+            raise UnsupportedValueError(f"operator {s} cannot be stored (namespaces: {', '.join(NAMESPACES)})")
+        return s
+    try:
+        k = _OPERATOR_NAME.get(id(t))
+    except TypeError:
+        k = None
+    if k is not None and OPERATORS[k] is t:
+        return f"operator::{k}"
+    raise UnsupportedValueError(f"call target {t!r} is neither an OpOverload nor an allowed operator function")
+
+
+_RESOLVED: dict[str, Callable[..., Any]] = {}
+
+
+def _lookup(ns: str, op: str, overload: str) -> Any:
+    packet = getattr(getattr(torch.ops, ns), op)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    return getattr(packet, overload)
+
+
+def resolve_target(s: Any) -> Callable[..., Any]:
+    """The callable a stored target names; ``GraphDataError`` for anything that is not an allowed operator."""
+    if isinstance(s, str) and s in _RESOLVED:
+        return _RESOLVED[s]
+    if not isinstance(s, str) or len(s) > 512:
+        raise GraphDataError(f"node target {str(s)[:80]!r} is not a string")
+    if s.startswith("operator::"):
+        f = OPERATORS.get(s[len("operator::"):])
+        if f is None:
+            raise GraphDataError(f"node target {s[:120]!r} is not an allowed operator function")
+        return f
+    m = _TARGET_RE.match(s)
+    if m is None or "__" in s:
+        raise GraphDataError(f"node target {s[:120]!r} is not '<namespace>::<op>.<overload>' with a namespace "
+                             f"among {', '.join(NAMESPACES)}")
+    ns, op, overload = m.groups()
+    found = None
+    try:
+        found = _lookup(ns, op, overload)
+    except (AttributeError, RuntimeError):
+        pass
+    if found is None and ns in _LAZY_NAMESPACE_MODULES:
+        try:
+            importlib.import_module(_LAZY_NAMESPACE_MODULES[ns])
+            found = _lookup(ns, op, overload)
+        except (ImportError, AttributeError, RuntimeError):
+            found = None
+    if not isinstance(found, torch._ops.OpOverload):
+        raise GraphDataError(f"node target {s!r} is not an operator of this torch")
+    _RESOLVED[s] = found
+    return found
+
+
+# --- arguments -------------------------------------------------------------------------------------------
+
+def encode_arg(x: Any, depth: int = 0) -> Any:
+    if depth > _MAX_DEPTH:
+        raise UnsupportedValueError(f"argument nested deeper than {_MAX_DEPTH}")
+    if isinstance(x, torch.fx.Node):
+        return {"node": x.name}
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        return float(x) if math.isfinite(x) else {"float": repr(float(x))}
+    if isinstance(x, list):
+        return [encode_arg(v, depth + 1) for v in x]
+    if isinstance(x, tuple):
+        return {"tuple": [encode_arg(v, depth + 1) for v in x]}
+    if isinstance(x, torch.dtype) and x in _NAME_OF:
+        return {"dtype": _NAME_OF[x]}
+    if isinstance(x, torch.device):
+        return {"device": str(x)}
+    if isinstance(x, torch.layout) and x in _LAYOUT_NAME:
+        return {"layout": _LAYOUT_NAME[x]}
+    if isinstance(x, torch.memory_format) and x in _MEMORY_FORMAT_NAME:
+        return {"memory_format": _MEMORY_FORMAT_NAME[x]}
+    raise UnsupportedValueError(f"argument of type {type(x).__name__} ({str(x)[:60]}) cannot be stored")
+
+
+def decode_arg(x: Any, env: dict[str, torch.fx.Node], depth: int = 0) -> Any:
+    if depth > _MAX_DEPTH:
+        raise GraphDataError(f"argument nested deeper than {_MAX_DEPTH}")
+    if x is None or isinstance(x, (bool, str, float)):
+        return x
+    if isinstance(x, int):
+        if not _INT_MIN <= x < _INT_MAX:
+            raise GraphDataError(f"integer argument {x} is out of range")
+        return x
+    if isinstance(x, list):
+        return [decode_arg(v, env, depth + 1) for v in x]
+    if isinstance(x, dict) and len(x) == 1:
+        (k, v), = x.items()
+        if k == "node":
+            node = env.get(v) if isinstance(v, str) else None
+            if node is None:
+                raise GraphDataError(f"argument refers to {str(v)[:80]!r}, not an earlier node")
+            return node
+        if k == "tuple" and isinstance(v, list):
+            return tuple(decode_arg(a, env, depth + 1) for a in v)
+        if k == "float" and v in ("inf", "-inf", "nan"):
+            return float(v)
+        if k == "dtype" and isinstance(v, str) and v in DTYPES:
+            return DTYPES[v]
+        if k == "device" and isinstance(v, str) and _DEVICE_RE.match(v):
+            return torch.device(v)
+        if k == "layout" and isinstance(v, str) and v in _LAYOUTS:
+            return _LAYOUTS[v]
+        if k == "memory_format" and isinstance(v, str) and v in _MEMORY_FORMATS:
+            return _MEMORY_FORMATS[v]
+    raise GraphDataError(f"malformed argument {json.dumps(x)[:80] if _json_ok(x) else type(x).__name__}")
+
+
+def _json_ok(x: Any) -> bool:
+    try:
+        json.dumps(x)
+        return True
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
+# --- node metadata -----------------------------------------------------------------------------------------
+
+class _Table:
+    """Interns repeated values (stack traces, module stacks) into a list; nodes hold indices."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self._index: dict[str, int] = {}
+
+    def add(self, value: Any) -> int | None:
+        if value is None:
+            return None
+        key = json.dumps(value, sort_keys=False)
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self.items)
+            self.items.append(value)
+        return i
+
+
+def _module_stack_json(stack: Any) -> dict[str, list[str]] | None:
+    if not isinstance(stack, dict) or not stack:
+        return None
+    out: dict[str, list[str]] = {}
+    for k, v in stack.items():
+        if not (isinstance(k, str) and isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str)):
+            return None
+        ty = v[1]
+        if not isinstance(ty, str):  # a class: its qualified name, as torch.export writes it
+            ty = f"{getattr(ty, '__module__', '')}.{getattr(ty, '__qualname__', ty)}"
+        out[k] = [v[0], ty]
+    return out
+
+
+def _val_json(v: Any, depth: int = 0) -> Any:
+    """The shape and dtype of a node's ``meta["val"]`` (FakeTensor or a sequence of them); None if unknown."""
+    if isinstance(v, torch.Tensor):
+        if v.dtype not in _NAME_OF or not all(type(d) is int for d in v.shape):
+            return None
+        return {"dtype": _NAME_OF[v.dtype], "shape": [int(d) for d in v.shape]}
+    if isinstance(v, (list, tuple)) and depth < 2:
+        items = [_val_json(x, depth + 1) for x in v]
+        return {"seq": items} if any(i is not None for i in items) else None
+    return None
+
+
+def _debug_handle(node: torch.fx.Node) -> int | None:
+    custom = node.meta.get("custom")
+    h = custom.get("debug_handle") if isinstance(custom, dict) else None
+    return h if isinstance(h, int) and not isinstance(h, bool) else None
+
+
+def _check_table(doc: dict[str, Any], key: str, item_ok: Callable[[Any], bool]) -> list[Any]:
+    items = doc[key]
+    if not isinstance(items, list) or not all(item_ok(x) for x in items):
+        raise GraphDataError(f"{key!r} must be a list of valid entries")
+    return items
+
+
+def _module_stack_ok(x: Any) -> bool:
+    return isinstance(x, dict) and all(isinstance(k, str) and isinstance(v, list) and len(v) == 2
+                                       and isinstance(v[0], str) and isinstance(v[1], str) for k, v in x.items())
+
+
+def _index(i: Any, table: list[Any], what: str) -> Any:
+    if i is None:
+        return None
+    if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(table)):
+        raise GraphDataError(f"{what} index {i!r} is out of range")
+    return table[i]
+
+
+def _check_json_depth(x: Any, what: str) -> None:
+    stack = [(x, 0)]
+    while stack:
+        v, d = stack.pop()
+        if d > _MAX_DEPTH:
+            raise GraphDataError(f"{what} nested deeper than {_MAX_DEPTH}")
+        if isinstance(v, dict):
+            stack.extend((c, d + 1) for c in v.values())
+        elif isinstance(v, list):
+            stack.extend((c, d + 1) for c in v)
+
+
+def _decode_val(spec: Any, cache: dict[tuple, torch.Tensor], depth: int = 0) -> Any:
+    """A value spec as meta tensors (one shared meta tensor per distinct shape and dtype)."""
+    if spec is None:
+        return None
+    if isinstance(spec, dict) and set(spec) == {"dtype", "shape"}:
+        dtype = DTYPES.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+        shape = spec["shape"]
+        if dtype is None or not isinstance(shape, list) or len(shape) > 64 or not all(
+                isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**62 for s in shape):
+            raise GraphDataError("malformed value spec")
+        key = (dtype, *shape)
+        t = cache.get(key)
+        if t is None:
+            t = cache[key] = torch.empty(shape, dtype=dtype, device="meta")
+        return t
+    if isinstance(spec, dict) and set(spec) == {"seq"} and isinstance(spec["seq"], list) and depth < 2:
+        return tuple(_decode_val(s, cache, depth + 1) for s in spec["seq"])
+    raise GraphDataError("malformed value spec")
+
+
+def _graph_module_class() -> type[torch.fx.GraphModule]:
+    """torch's lazily compiled GraphModule where available: the Python code of a large graph is generated
+    on the first call (the Inspector's interpreter never needs it), not while loading."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:  # pragma: no cover - older / newer torch
+        return torch.fx.GraphModule
+    return _LazyGraphModule if issubclass(_LazyGraphModule, torch.fx.GraphModule) else torch.fx.GraphModule
+
+
+# --- reference graph -------------------------------------------------------------------------------------------
+
+def _valid_attr_name(name: str, taken: set[str]) -> bool:
+    return (isinstance(name, str) and bool(_NAME_RE.match(name)) and not name.startswith("_")
+            and not keyword.iskeyword(name) and name not in _RESERVED_ATTRS and name not in taken)
+
+
+def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, str], Any]) -> dict[str, Any]:
+    """The reference-graph document of an ATen ``ExportedProgram``; ``add_tensor(tensor, what)`` gives the
+    JSON stored for each attribute tensor. Raises ``UnsupportedValueError`` for a program it cannot express
+    (non-operator targets, custom objects, tokens, submodules, arguments JSON cannot hold)."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    sig = ep.graph_signature
+    traces, stacks = _Table(), _Table()
+    attrs: list[dict[str, Any]] = []
+    nodes: list[dict[str, Any]] = []
+    names = {n.name for n in ep.graph.nodes}
+    attr_names: set[str] = set()
+    node_of_target: dict[str, str] = {}  # buffer FQN / user input name -> node name
+    specs = iter(sig.input_specs)
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            spec = next(specs, None)
+            if spec is None:
+                raise UnsupportedValueError("the graph has more placeholders than the signature has inputs")
+            if spec.kind == InputKind.USER_INPUT:
+                nodes.append({"op": "placeholder", "name": node.name})
+                node_of_target[node.name] = node.name
+                continue
+            if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                raise UnsupportedValueError(f"input {node.name!r} of kind {spec.kind.name} cannot be stored")
+            in_state = spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent)
+            t = (ep.state_dict if in_state else ep.constants).get(spec.target)
+            if not isinstance(t, torch.Tensor):
+                raise UnsupportedValueError(f"input {node.name!r} ({spec.target}) is not a tensor")
+            attr = node.name
+            if not _valid_attr_name(attr, attr_names):
+                attr = next(f"attr_{i}" for i in range(len(attrs), 10**9) if _valid_attr_name(f"attr_{i}", attr_names))
+            attr_names.add(attr)
+            kind = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer"}.get(spec.kind, "constant")
+            attrs.append({"name": attr, "kind": kind, "param": isinstance(t, torch.nn.Parameter),
+                          "requires_grad": bool(t.requires_grad),
+                          "tensor": add_tensor(t, f"reference graph of {method!r}: {kind} {spec.target!r}")})
+            nodes.append({"op": "get_attr", "name": node.name, "target": attr})
+            node_of_target[spec.target] = node.name
+        elif node.op == "call_function":
+            custom = node.meta.get("custom")
+            meta: dict[str, Any] = {}
+            if custom is not None:
+                if not isinstance(custom, dict) or not _json_ok(custom):
+                    raise UnsupportedValueError(f"node {node.name!r}: meta['custom'] is not a JSON object")
+                meta["custom"] = json.loads(json.dumps(custom, allow_nan=False))
+            meta["stack_trace"] = traces.add(node.meta.get("stack_trace") if isinstance(
+                node.meta.get("stack_trace"), str) else None)
+            meta["nn_module_stack"] = stacks.add(_module_stack_json(node.meta.get("nn_module_stack")))
+            meta["val"] = _val_json(node.meta.get("val"))
+            try:
+                args = [encode_arg(a) for a in node.args]
+                kwargs = {k: encode_arg(v) for k, v in node.kwargs.items()}
+            except UnsupportedValueError as e:
+                raise UnsupportedValueError(f"node {node.name!r}: {e}") from None
+            nodes.append({"op": "call_function", "name": node.name, "target": target_name(node.target),
+                          "args": args, "kwargs": kwargs, "meta": meta})
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+            if len(outs) != len(sig.output_specs):
+                raise UnsupportedValueError("the output node does not match the output signature")
+            user: list[Any] = []
+            for i, (o, spec) in enumerate(zip(outs, sig.output_specs, strict=True)):
+                if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+                    user.append(o)
+                    continue
+                if spec.kind not in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION) \
+                        or spec.target not in node_of_target:
+                    raise UnsupportedValueError(f"output {i} of kind {spec.kind.name} cannot be stored")
+                name = next(f"copy__{j}" for j in range(10**9) if f"copy__{j}" not in names)
+                names.add(name)
+                nodes.append({"op": "call_function", "name": name, "target": "aten::copy_.default",
+                              "args": [{"node": node_of_target[spec.target]}, encode_arg(o)], "kwargs": {},
+                              "meta": {"stack_trace": None, "nn_module_stack": None, "val": None}})
+            nodes.append({"op": "output", "name": node.name, "args": [encode_arg(tuple(user))]})
+        else:
+            raise UnsupportedValueError(f"node {node.name!r} is a {node.op}; only flat graphs of operators can "
+                                        "be stored")
+    return {"format": REFERENCE_FORMAT, "version": SCHEMA_VERSION, "method": method,
+            "stack_traces": traces.items, "module_stacks": stacks.items, "attrs": attrs, "nodes": nodes}
+
+
+def _header(doc: Any, fmt: str, keys: set[str]) -> None:
+    if not isinstance(doc, dict) or set(doc) != keys:
+        raise GraphDataError(f"must be a JSON object with exactly the keys {sorted(keys)}")
+    if doc["format"] != fmt or doc["version"] != SCHEMA_VERSION:
+        raise GraphDataError(f"unsupported format {doc['format']!r} version {doc['version']!r} (expected {fmt!r} "
+                             f"version {SCHEMA_VERSION})")
+    if not isinstance(doc["method"], str):
+        raise GraphDataError("method must be a string")
+
+
+_REF_KEYS = {"format", "version", "method", "stack_traces", "module_stacks", "attrs", "nodes"}
+
+
+def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torch.Tensor]) -> torch.fx.GraphModule:
+    """Validates a reference-graph document and builds its GraphModule; ``read_tensor(stored, what, param,
+    requires_grad)`` gives an attribute's tensor. Raises ``GraphDataError`` (or the reader's own error)."""
+    _header(doc, REFERENCE_FORMAT, _REF_KEYS)
+    traces = _check_table(doc, "stack_traces", lambda x: isinstance(x, str))
+    stacks = [{k: (v[0], v[1]) for k, v in s.items()} for s in _check_table(doc, "module_stacks", _module_stack_ok)]
+    attrs, nodes = doc["attrs"], doc["nodes"]
+    if not isinstance(attrs, list) or not isinstance(nodes, list) or len(nodes) > _MAX_NODES:
+        raise GraphDataError("attrs and nodes must be lists")
+    root = torch.nn.Module()
+    taken: set[str] = set()
+    for a in attrs:
+        if not isinstance(a, dict) or set(a) != {"name", "kind", "param", "requires_grad", "tensor"}:
+            raise GraphDataError("malformed attribute entry")
+        name = a["name"]
+        if not _valid_attr_name(name, taken):
+            raise GraphDataError(f"attribute name {str(name)[:80]!r} is not allowed")
+        if a["kind"] not in _ATTR_KINDS or not isinstance(a["param"], bool) \
+                or not isinstance(a["requires_grad"], bool):
+            raise GraphDataError(f"attribute {name!r}: malformed kind/param/requires_grad")
+        taken.add(name)
+        t = read_tensor(a["tensor"], f"attribute {name!r}", a["param"], a["requires_grad"])
+        if isinstance(t, torch.nn.Parameter):
+            root.register_parameter(name, t)
+        else:
+            root.register_buffer(name, t)
+    graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+    vals: dict[tuple, torch.Tensor] = {}
+    n_out = 0
+    for i, nd in enumerate(nodes):
+        if not isinstance(nd, dict) or not isinstance(nd.get("op"), str) or not isinstance(nd.get("name"), str):
+            raise GraphDataError(f"node {i} is malformed")
+        op, name = nd["op"], nd["name"]
+        if n_out:
+            raise GraphDataError("the output node must be the last node")
+        if not _NAME_RE.match(name) or name in env:
+            raise GraphDataError(f"node {i}: name {name[:80]!r} is not a fresh identifier")
+        if op == "placeholder" and set(nd) == {"op", "name"}:
+            node = graph.create_node("placeholder", name, name=name)
+        elif op == "get_attr" and set(nd) == {"op", "name", "target"}:
+            if nd["target"] not in taken:
+                raise GraphDataError(f"node {name!r}: get_attr of an unknown attribute")
+            node = graph.create_node("get_attr", nd["target"], name=name)
+        elif op == "call_function" and set(nd) == {"op", "name", "target", "args", "kwargs", "meta"}:
+            target = resolve_target(nd["target"])
+            args, kwargs, meta = nd["args"], nd["kwargs"], nd["meta"]
+            if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(
+                    isinstance(k, str) and _NAME_RE.match(k) for k in kwargs):
+                raise GraphDataError(f"node {name!r}: malformed args/kwargs")
+            node = graph.create_node("call_function", target, name=name)
+            # set after creation: create_node would walk the arguments with pytree looking for SymInts,
+            # which decoded JSON never holds (a third of the load time of a large graph)
+            node.args = tuple(decode_arg(a, env) for a in args)
+            if kwargs:
+                node.kwargs = {k: decode_arg(v, env) for k, v in kwargs.items()}
+            _apply_meta(node, meta, traces, stacks, vals)
+        elif op == "output" and set(nd) == {"op", "name", "args"}:
+            args = nd["args"]
+            if not isinstance(args, list) or len(args) != 1:
+                raise GraphDataError("the output node takes exactly one argument")
+            node = graph.create_node("output", "output", (decode_arg(args[0], env),), name=name)
+            n_out += 1
+        else:
+            raise GraphDataError(f"node {name!r}: op {op[:40]!r} or its fields are not allowed")
+        if node.name != name and op != "placeholder":  # an input may be named like a builtin ("input")
+            raise GraphDataError(f"node name {name!r} is not usable in a graph")
+        env[name] = node
+    if n_out != 1:
+        raise GraphDataError("the graph has no output node")
+    return _graph_module_class()(root, graph, class_name="ReferenceGraph")
+
+
+def _apply_meta(node: torch.fx.Node, meta: Any, traces: list[str], stacks: list[Any],
+                vals: dict[tuple, torch.Tensor]) -> None:
+    if not isinstance(meta, dict) or not set(meta) <= {"custom", "stack_trace", "nn_module_stack", "val"}:
+        raise GraphDataError(f"node {node.name!r}: malformed meta")
+    if "custom" in meta:
+        custom = meta["custom"]
+        if not isinstance(custom, dict):
+            raise GraphDataError(f"node {node.name!r}: meta custom must be an object")
+        _check_json_depth(custom, f"node {node.name!r}: meta custom")
+        node.meta["custom"] = custom
+    trace = _index(meta.get("stack_trace"), traces, "stack trace")
+    if trace is not None:
+        node.meta["stack_trace"] = trace
+    stack = _index(meta.get("nn_module_stack"), stacks, "module stack")
+    if stack is not None:
+        node.meta["nn_module_stack"] = dict(stack)
+    val = _decode_val(meta.get("val"), vals)
+    if val is not None:
+        node.meta["val"] = val
+
+
+def reference_from_program(ep: Any, method: str) -> torch.fx.GraphModule:
+    """The reference graph of an in-memory ATen program (its tensors are used as they are)."""
+    tensors: list[torch.Tensor] = []
+
+    def add(t: torch.Tensor, what: str) -> int:
+        tensors.append(t)
+        return len(tensors) - 1
+
+    doc = encode_reference(ep, method, add)
+    return build_reference(doc, lambda i, what, param, rg: tensors[i])
+
+
+# --- handle table ---------------------------------------------------------------------------------------------
+
+def encode_handles(ep: Any, method: str) -> dict[str, Any]:
+    """The handle-table document of an edge program: every op node with a debug handle (getitem skipped)."""
+    from edgetorch.exir.op_variants import is_view_op
+
+    traces, stacks = _Table(), _Table()
+    rows: list[list[Any]] = []
+    for n in ep.graph.nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        h = _debug_handle(n)
+        if h is None:
+            continue
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload):
+            op, is_view = t._schema.name, is_view_op(t)
+        else:
+            op, is_view = str(getattr(t, "__name__", t)), False
+        trace = n.meta.get("stack_trace")
+        rows.append([h, n.name, op, traces.add(trace if isinstance(trace, str) else None),
+                     stacks.add(_module_stack_json(n.meta.get("nn_module_stack"))), bool(is_view)])
+    return {"format": HANDLES_FORMAT, "version": SCHEMA_VERSION, "method": method,
+            "stack_traces": traces.items, "module_stacks": stacks.items, "nodes": rows}
+
+
+_HANDLE_KEYS = {"format", "version", "method", "stack_traces", "module_stacks", "nodes"}
+
+
+def build_handles(doc: Any) -> dict[int, list[NodeInfo]]:
+    """Validates a handle-table document; returns ``{debug handle: [NodeInfo, ...]}`` in graph order."""
+    _header(doc, HANDLES_FORMAT, _HANDLE_KEYS)
+    traces = _check_table(doc, "stack_traces", lambda x: isinstance(x, str))
+    stacks = [{k: (v[0], v[1]) for k, v in s.items()}
+              for s in _check_table(doc, "module_stacks", _module_stack_ok)]
+    rows = doc["nodes"]
+    if not isinstance(rows, list) or len(rows) > _MAX_NODES:
+        raise GraphDataError("nodes must be a list")
+    out: dict[int, list[NodeInfo]] = {}
+    for i, row in enumerate(rows):
+        if not (isinstance(row, list) and len(row) == 6 and isinstance(row[0], int) and not isinstance(row[0], bool)
+                and isinstance(row[1], str) and isinstance(row[2], str) and isinstance(row[5], bool)):
+            raise GraphDataError(f"node row {i} is malformed")
+        stack = _index(row[4], stacks, "module stack")
+        info = NodeInfo(row[1], row[2], _index(row[3], traces, "stack trace"),
+                        None if stack is None else dict(stack), row[5])
+        out.setdefault(row[0], []).append(info)
+    return out
+
+
+def handles_from_program(ep: Any, method: str) -> dict[int, list[NodeInfo]]:
+    return build_handles(encode_handles(ep, method))
