@@ -107,6 +107,7 @@ class _JointWalk(torch.fx.Interpreter):
         self.rt_env: dict[torch.fx.Node, Any] = {}
         self.exact: set[torch.fx.Node] = set()
         self.derived: set[int] = set()
+        self.same: dict[int, bool] = {}  # handle -> the runtime value equals the reference bit for bit
         # values later mutated in place (e.g. relu_ in a training-IR ATen graph) are recorded as copies
         self.mutated = {n for n in gm.graph.nodes if any(
             isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable for u in n.users)}
@@ -165,7 +166,8 @@ class _JointWalk(torch.fx.Interpreter):
         if rt is not None and ref is not None and rt.numel() == ref.numel():
             sub = self._keep(n, rt.reshape(ref.shape).to(ref.dtype))
             self.exact.add(n)
-            if not torch.equal(sub, ref):
+            self.same[h] = same = torch.equal(sub, ref)
+            if not same:
                 self.rt_env[n] = sub if isinstance(out, torch.Tensor) else type(out)([sub, *list(out)[1:]])
             else:
                 self.rt_env.pop(n, None)
@@ -266,9 +268,16 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
         group = [x for x in e.handles if x in last]
         covered.update(group)
         aot_names = [n.name for x in sorted(group, key=order.__getitem__) for n in nodes.get(x, [])]
-        gap = comparator.compare(ref, rt)
+        same = walk.same.get(h) if (e.instruction_id >= 0 and rt is runtime.get(h)) else None
+        ident = getattr(comparator, "identical_value", None)
+        gap = ident if (same and ident is not None) else comparator.compare(ref, rt)
         lref = _first_tensor(local_ref.get(h)) if local_ref else None
-        lgap = comparator.compare(lref, rt) if lref is not None and lref.numel() == rt.numel() else None
+        if lref is None or lref.numel() != rt.numel():
+            lgap = None
+        elif lref is ref:  # the op saw the reference's own inputs: its local gap is its gap
+            lgap = gap
+        else:
+            lgap = comparator.compare(lref, rt)
         node = last[h]
         rows.append({
             "aot_debug_handle": tuple(sorted(group, key=order.__getitem__)),
