@@ -15,7 +15,7 @@ from edgetorch.devtools.etdump import DebugBuffer, read_etdump
 from edgetorch.errors import DebugBufferOverflowError, EdgeTorchError, KernelError
 from edgetorch.exir import to_edge, to_edge_transform_and_lower
 from edgetorch.formats import etdump as ed
-from edgetorch.runtime import Runtime
+from edgetorch.runtime import Runtime, tracing
 from edgetorch.runtime.backend_registry import register_backend
 from edgetorch.runtime.tracing import BufferSink, FileSink
 from tests.exir.nested_backend import ADD_MUL, NestedBackend, NestedRuntime, OpTypePartitioner
@@ -111,8 +111,11 @@ def execute_blocks(etdump: ed.ETDump) -> list[ed.RunData]:
 
 # -- results are unchanged --------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "thread"])
 @pytest.mark.parametrize("mode", ["profile", "auto", "fixed", "file"])
-def test_tracing_does_not_change_outputs(net, mode, tmp_path):
+def test_tracing_does_not_change_outputs(net, mode, threaded, tmp_path, monkeypatch):
+    if threaded:
+        monkeypatch.setattr(tracing, "ASYNC_MIN_BYTES", 0)
     kw = {"profile": dict(enable_etdump=True), "auto": dict(debug_buffer_size="auto"),
           "fixed": dict(enable_etdump=True, debug_buffer_size=1 << 20),
           "file": dict(enable_etdump=True, debug_buffer_path=tmp_path / "stream.bin")}[mode]
@@ -158,7 +161,10 @@ def test_one_block_per_execute_and_one_profile_event_per_non_view_instruction(tm
 
 # -- intermediates ----------------------------------------------------------------------------------------
 
-def test_debug_tensors_are_bit_identical_to_eager_op_by_op(net, tmp_path):
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "thread"])
+def test_debug_tensors_are_bit_identical_to_eager_op_by_op(net, threaded, tmp_path, monkeypatch):
+    if threaded:
+        monkeypatch.setattr(tracing, "ASYNC_MIN_BYTES", 0)
     p, m = net.load(enable_etdump=True, debug_buffer_size="auto")
     outs = [m.execute(x) for x in net.inputs]
     p.write_etdump_result_to_file(tmp_path / "a.etdp", tmp_path / "a.bin")
@@ -217,7 +223,8 @@ def test_file_sink_streams_the_same_bytes_as_the_memory_sink(tmp_path):
     for x in net.inputs:
         mf.execute(x)
         ma.execute(x)
-    assert isinstance(pf_.tracer.sink, FileSink) and isinstance(pa.tracer.sink, BufferSink)
+    assert isinstance(pf_.tracer.sink, FileSink) and pf_.tracer.sink.path == str(stream)
+    assert pa.tracer.sink.path is None  # "auto": an anonymous in-memory stream
     pf_.write_etdump_result_to_file(tmp_path / "f.etdp")  # the stream is the buffer: no copy needed
     pf_.write_etdump_result_to_file(tmp_path / "g.etdp", tmp_path / "copy.bin")
     pa.write_etdump_result_to_file(tmp_path / "a.etdp", tmp_path / "a.bin")
@@ -237,6 +244,7 @@ def test_fixed_buffer_holds_exact_runs_then_overflows_with_the_needed_size(tmp_p
     probe, _ = net.load(debug_buffer_size="auto")
     need = probe.tracer.required_debug_buffer_bytes("forward")
     p, m = net.load(enable_etdump=True, debug_buffer_size=2 * need)
+    assert isinstance(p.tracer.sink, BufferSink)
     m.execute(net.inputs[0])
     m.execute(net.inputs[1])
     with pytest.raises(DebugBufferOverflowError, match=f"at least {3 * need} bytes") as ei:
@@ -346,32 +354,33 @@ class Mixed(nn.Module):
         return self.fc((x + 1) * 2)
 
 
-def test_delegate_events_attach_to_the_delegate_call(tmp_path):
+_BACKEND = _TracingRuntime()
+
+
+@pytest.fixture(scope="module")
+def delegated():
+    """A program whose (x + 1) * 2 runs in the test backend; returns (program bytes, input)."""
     from edgetorch.exir.backend import register_backend_details
 
     register_backend_details(_TracingBackend)
-    backend = _TracingRuntime()
-    register_backend(backend)
+    register_backend(_BACKEND)
     torch.manual_seed(0)
     model, x = Mixed().eval(), torch.randn(2, 8)
     et = to_edge_transform_and_lower(torch.export.export(model, (x,)),
                                      partitioner=[_TracingPartitioner(ADD_MUL)]).to_executorch()
-    p = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    return et.buffer, x
+
+
+def test_delegate_events_attach_to_the_delegate_call(delegated, tmp_path):
+    data, x = delegated
+    p = Runtime.get().load_program(data, enable_etdump=True, debug_buffer_size="auto")
     m = p.load_method("forward")
     (call,) = [i for i in m.instructions if i.kind == "DELEGATE"]
     assert call.name == ed.DELEGATE_CALL and call.delegate_backend == TRACING_BACKEND
     out = m.execute(x)
-    assert same_bits(out, Runtime.get().load_program(et.buffer).load_method("forward").execute(x))
+    assert same_bits(out, Runtime.get().load_program(data).load_method("forward").execute(x))
     with pytest.raises(EdgeTorchError, match="DELEGATE_CALL"):
         p.tracer.log_delegate_profile(0, 0, 1)
-
-    backend.fail = True
-    used = p.tracer.sink.used_bytes
-    with pytest.raises(KernelError, match="backend failure"):
-        m.execute(x)
-    assert p.tracer.num_runs == 1 and p.tracer.sink.used_bytes == used  # a failed run leaves nothing
-    backend.fail = False
-
     p.write_etdump_result_to_file(tmp_path / "d.etdp", tmp_path / "d.bin")
     (run,) = execute_blocks(read_etdump(tmp_path / "d.etdp"))
     buf = DebugBuffer(tmp_path / "d.bin")
@@ -387,3 +396,74 @@ def test_delegate_events_attach_to_the_delegate_call(tmp_path):
     assert by_id[(-1, "fused_add_mul")].debug_entry.int_value == 7
     call_out = buf.value(by_id[(-1, "")].debug_entry)  # the DELEGATE_CALL's own output
     assert same_bits(inner, call_out) and same_bits(call_out, (x + 1) * 2)
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline", "thread"])
+@pytest.mark.parametrize("sink", ["auto", "fixed", "file"])
+def test_a_failed_run_leaves_no_events_and_no_bytes(delegated, sink, threaded, tmp_path, monkeypatch):
+    if threaded:
+        monkeypatch.setattr(tracing, "ASYNC_MIN_BYTES", 0)
+    data, x = delegated
+    kw = {"auto": dict(debug_buffer_size="auto"), "fixed": dict(debug_buffer_size=1 << 16),
+          "file": dict(debug_buffer_path=tmp_path / "s.bin")}[sink]
+    p = Runtime.get().load_program(data, enable_etdump=True, **kw)
+    m = p.load_method("forward")
+    m.execute(x)
+    used = p.tracer.sink.used_bytes
+    good = p.tracer.etdump()
+    _BACKEND.fail = True
+    try:
+        with pytest.raises(KernelError, match="backend failure"):
+            m.execute(x)
+    finally:
+        _BACKEND.fail = False
+    assert p.tracer.num_runs == 1 and p.tracer.sink.used_bytes == used
+    assert p.tracer.etdump() == good
+    m.execute(x)  # the next run continues right after the first
+    p.write_etdump_result_to_file(tmp_path / "a.etdp", tmp_path / "a.bin")
+    d = read_etdump(tmp_path / "a.etdp")
+    buf = DebugBuffer(tmp_path / "a.bin")
+    buf.check(d)
+    assert buf.size == 2 * used
+    r1, r2 = execute_blocks(d)
+    for a, b in zip(r1.events, r2.events):
+        if a.debug_event is not None and a.debug_event.debug_entry.val == ed.ValueType.Tensor:
+            assert b.debug_event.debug_entry.tensor.offset in (-1, a.debug_event.debug_entry.tensor.offset + used)
+            assert same_bits(buf.value(a.debug_event.debug_entry), buf.value(b.debug_event.debug_entry))
+    p.tracer.close()
+
+
+@pytest.fixture
+def writer_thread(monkeypatch):
+    """Makes every run copy its intermediates on a writer thread (small runs copy inline by default)."""
+    monkeypatch.setattr(tracing, "ASYNC_MIN_BYTES", 0)
+
+
+@pytest.mark.parametrize("sink", ["auto", "file"])
+def test_a_slow_writer_still_copies_every_tensor_before_the_arena_reuses_it(sink, tmp_path, writer_thread):
+    """The writer thread lags behind the kernels; the run must wait for it exactly where an instruction would
+    overwrite arena bytes not yet copied, so every intermediate is still bit-identical to eager."""
+    net = _compiled(torch.float32)
+    kw = dict(debug_buffer_size="auto") if sink == "auto" else dict(debug_buffer_path=tmp_path / "s.bin")
+    p, m = net.load(**kw)
+    mt = p.tracer._traces["forward"]
+    assert any(need for *_, need in mt.steps)  # this program reuses arena memory while tensors are logged
+    fast_put = p.tracer.sink.put
+
+    def slow_put(off, addr, data):
+        time.sleep(0.002)
+        fast_put(off, addr, data)
+    p.tracer.sink.put = slow_put
+    for x in net.inputs[:2]:
+        m.execute(x)
+    p.write_etdump_result_to_file(tmp_path / "a.etdp", tmp_path / "a.bin")
+    buf = DebugBuffer(tmp_path / "a.bin")
+    for run, x in zip(execute_blocks(read_etdump(tmp_path / "a.etdp")), net.inputs):
+        ref = eager_node_outputs(net.epm.exported_program(), x)
+        for e in run.events:
+            d = e.debug_event
+            if d is not None and d.instruction_id >= 0:
+                want = ref[d.name]
+                want = want[d.output_index] if isinstance(want, (tuple, list)) else want
+                assert same_bits(buf.value(d.debug_entry), want), d.name
+    p.tracer.close()

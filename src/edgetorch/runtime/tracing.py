@@ -1,5 +1,6 @@
 """Event tracing for the runtime: ``ProgramTracer`` records ETDump events while a program loads and runs, and
-copies every intermediate output into a debug-buffer sink (``BufferSink`` in memory, ``FileSink`` streamed).
+copies every intermediate output into a debug-buffer sink (``BufferSink``: a fixed in-memory buffer;
+``FileSink``: a stream to a named file, or to an anonymous in-memory file for ``debug_buffer_size="auto"``).
 
 Only imported when ``load_program`` is asked for an ETDump or a debug buffer. Everything that does not depend
 on the inputs is worked out once per method at load time: which instructions to time, which bytes to copy
@@ -17,7 +18,6 @@ import functools
 import mmap
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +36,7 @@ ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
 _ZEROS = memoryview(bytes(ALIGNMENT))
 _STATIC_PLACEMENTS = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_ALIAS)
 _memmove = ctypes.memmove  # releases the GIL while it copies
+ASYNC_MIN_BYTES = 2 << 20  # runs storing less copy inline, without a writer thread
 
 
 def _aligned(n: int) -> int:
@@ -109,95 +110,87 @@ class DebugSink:
         pass
 
 
-class _Chunk:
-    __slots__ = ("base", "size", "used", "map", "addr")
-
-    def __init__(self, base: int, size: int) -> None:
-        self.base, self.size, self.used = base, size, 0
-        self.map = mmap.mmap(-1, size) if size else None  # zero pages, mapped when first written
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map)) if size else 0
-
-    def view(self) -> memoryview:
-        return memoryview(self.map)[:self.used] if self.map is not None else memoryview(b"")
-
-
 class BufferSink(DebugSink):
-    """In-memory sink. ``capacity`` bytes, preallocated, when given (overflow raises; as every blob is padded
-    to 64 bytes, a capacity that is not a multiple of 64 is rounded down); with ``capacity=None`` ("auto") it
-    grows by exactly the bytes each run reserves, one chunk per run, never copying old data."""
+    """A fixed in-memory buffer of ``capacity`` bytes, allocated (and its pages touched, so that runs copy
+    into warm memory) when the program loads; a run that would not fit raises ``DebugBufferOverflowError``
+    before it stores anything. As every blob is padded to 64 bytes, a capacity that is not a multiple of 64
+    is rounded down."""
 
-    def __init__(self, capacity: int | None) -> None:
-        self.fixed = capacity is not None
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._chunks = [_Chunk(0, (capacity or 0) & ~(ALIGNMENT - 1))]
-        self._cur = self._chunks[0]
+        self._cap = capacity & ~(ALIGNMENT - 1)
+        self._used = 0
+        self._map: mmap.mmap | None = None
+        self._addr = 0
+        if self._cap:
+            populate = getattr(mmap, "MAP_POPULATE", 0)
+            if populate:
+                self._map = mmap.mmap(-1, self._cap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+            else:
+                self._map = mmap.mmap(-1, self._cap)
+            self._addr = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
     @property
     def used_bytes(self) -> int:
-        return self._cur.base + self._cur.used
+        return self._used
 
     def reserve(self, nbytes: int, method: str, what: str = "a run") -> None:
-        c = self._cur
-        if c.used + nbytes <= c.size:
-            return
-        if self.fixed:
+        used = self._used
+        if used + nbytes > self._cap:
             raise DebugBufferOverflowError(
                 f"debug buffer of {self.capacity} bytes is too small: {what} of method '{method}' stores "
-                f"{nbytes} bytes of intermediate outputs and only {c.size - c.used} are left ({c.used} used by "
-                f"earlier runs); a buffer of at least {c.used + nbytes} bytes is needed (or pass "
+                f"{nbytes} bytes of intermediate outputs and only {self._cap - used} are left ({used} used by "
+                f"earlier runs); a buffer of at least {used + nbytes} bytes is needed (or pass "
                 "debug_buffer_size='auto' to size it per run, or debug_buffer_path to stream to a file)",
-                needed_bytes=c.used + nbytes, capacity=self.capacity or 0)
-        c.size = c.used  # later chunks start where this one's data ends
-        self._cur = _Chunk(c.base + c.used, _aligned(nbytes))
-        self._chunks.append(self._cur)
+                needed_bytes=used + nbytes, capacity=self.capacity)
 
     def alloc(self, nbytes: int) -> int:
-        c = self._cur
-        pos = c.used
-        if pos + nbytes > c.size:  # only blobs nobody reserved for (delegate outputs, dynamic tensors)
+        pos = self._used
+        if pos + nbytes > self._cap:  # only blobs nobody reserved for (delegate outputs, dynamic tensors)
             self.reserve(nbytes, self.method, "an output logged during a run")
-            c = self._cur
-            pos = c.used
-        c.used = (pos + nbytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
-        return c.base + pos
+        self._used = (pos + nbytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        return pos
 
     def put(self, offset: int, address: int, data: memoryview) -> None:
-        for c in reversed(self._chunks):
-            if offset >= c.base:
-                _memmove(c.addr + offset - c.base, address, data.nbytes)
-                return
+        _memmove(self._addr + offset, address, data.nbytes)
 
     def rollback(self, mark: int) -> None:
-        while len(self._chunks) > 1 and self._cur.base > mark:
-            self._chunks.pop()
-            self._cur = self._chunks[-1]
-            self._cur.size = self._cur.map.size() if self._cur.map is not None else 0
-        c = self._cur
-        pos = mark - c.base
-        if c.used > pos:
-            ctypes.memset(c.addr + pos, 0, c.used - pos)  # padding must read as zeros again
-        c.used = pos
+        if self._used > mark:
+            ctypes.memset(self._addr + mark, 0, self._used - mark)  # padding must read as zeros again
+        self._used = mark
 
-    def chunks(self) -> Iterator[memoryview]:
-        for c in self._chunks:
-            if c.used:
-                yield c.view()
+    def getvalue(self) -> memoryview:
+        """The used prefix of the buffer (a view: it changes with later runs)."""
+        return memoryview(self._map)[:self._used] if self._map is not None else memoryview(b"")
 
     def save(self, path: str | os.PathLike) -> None:
-        atomic_write(path, self.chunks())
+        atomic_write(path, [self.getvalue()])
 
-    def getvalue(self) -> bytes:
-        """The used prefix of the buffer (a copy)."""
-        return b"".join(bytes(c) for c in self.chunks())
+
+def _anonymous_file() -> Any:
+    """A file that lives in memory only (memfd on Linux; else an unnamed temporary file)."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return os.fdopen(os.memfd_create("edgetorch-debug-buffer"), "w+b", buffering=1 << 20)
+        except OSError:
+            pass
+    import tempfile
+    return tempfile.TemporaryFile(buffering=1 << 20)
 
 
 class FileSink(DebugSink):
-    """Streams blobs to ``path`` (opened and truncated now); no size limit unless ``limit`` is given."""
+    """Streams blobs to a file as the run goes: ``path`` (opened and truncated now), or with ``path=None`` an
+    anonymous in-memory file that grows by exactly what each run stores ("auto": writing through the page
+    cache costs about half of faulting in fresh anonymous pages). No size limit unless ``limit`` is given."""
 
-    def __init__(self, path: str | os.PathLike, limit: int | None = None) -> None:
-        self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._f = open(self.path, "wb", buffering=1 << 20)
+    def __init__(self, path: str | os.PathLike | None, limit: int | None = None) -> None:
+        if path is None:
+            self.path = None
+            self._f = _anonymous_file()
+        else:
+            self.path = os.fspath(path)
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._f = open(self.path, "w+b", buffering=1 << 20)
         self._pos = 0  # allocated
         self._written = 0  # put
         self.limit = limit
@@ -208,10 +201,11 @@ class FileSink(DebugSink):
 
     def reserve(self, nbytes: int, method: str, what: str = "a run") -> None:
         if self.limit is not None and self._pos + nbytes > self.limit:
+            where = f"debug buffer file {self.path}" if self.path else "debug buffer"
             raise DebugBufferOverflowError(
-                f"debug buffer file {self.path} is limited to {self.limit} bytes: {what} of method '{method}' "
-                f"stores {nbytes} bytes and only {self.limit - self._pos} are left; a limit of at least "
-                f"{self._pos + nbytes} bytes is needed", needed_bytes=self._pos + nbytes, capacity=self.limit)
+                f"{where} is limited to {self.limit} bytes: {what} of method '{method}' stores {nbytes} bytes "
+                f"and only {self.limit - self._pos} are left; a limit of at least {self._pos + nbytes} bytes is "
+                "needed", needed_bytes=self._pos + nbytes, capacity=self.limit)
 
     def alloc(self, nbytes: int) -> int:
         pos = self._pos
@@ -222,8 +216,8 @@ class FileSink(DebugSink):
 
     def put(self, offset: int, address: int, data: memoryview) -> None:
         if offset != self._written:
-            raise EdgeTorchError(f"debug buffer file {self.path}: blob at offset {offset} written out of order "
-                                 f"(the file has {self._written} bytes)")
+            raise EdgeTorchError(f"debug buffer: blob at offset {offset} written out of order (the stream has "
+                                 f"{self._written} bytes)")
         n = data.nbytes
         self._f.write(data)
         pad = -n & (ALIGNMENT - 1)
@@ -241,17 +235,24 @@ class FileSink(DebugSink):
         if not self._f.closed:
             self._f.flush()
 
+    def chunks(self, size: int = 1 << 22) -> Iterator[bytes]:
+        """The stream's bytes, read back in pieces."""
+        self.flush()
+        fd = self._f.fileno()
+        for off in range(0, self._written, size):
+            yield os.pread(fd, min(size, self._written - off), off)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.chunks())
+
     def save(self, path: str | os.PathLike) -> None:
         self.flush()
-        if os.path.abspath(os.fspath(path)) == os.path.abspath(self.path):
-            return
-        if os.path.exists(path) and os.path.samefile(path, self.path):
-            return
-
-        def copy(dst) -> None:
-            with open(self.path, "rb") as src:
-                shutil.copyfileobj(src, dst, 1 << 22)
-        atomic_write(path, writer=copy)
+        if self.path is not None:
+            if os.path.abspath(os.fspath(path)) == os.path.abspath(self.path):
+                return
+            if os.path.exists(path) and os.path.samefile(path, self.path):
+                return
+        atomic_write(path, self.chunks())
 
     def close(self) -> None:
         if not self._f.closed:
@@ -302,6 +303,28 @@ class _Writer:
             raise self.error
 
 
+class _InlineWriter:
+    """Same interface as ``_Writer``, but stores each blob at once in the running thread: for runs that
+    store little, a thread and its hand-offs would cost more than the copies."""
+
+    def __init__(self, sink: DebugSink) -> None:
+        self.put_blob = sink.put
+        self.done = 0
+        self.q = self
+
+    def put(self, item: tuple) -> None:
+        off, addr, data, _keep, mark = item
+        self.put_blob(off, addr, data)
+        if mark:
+            self.done = mark
+
+    def wait(self, mark: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
 def make_sink(debug_buffer_size: int | str = 0, debug_buffer_path: str | os.PathLike | None = None
               ) -> DebugSink | None:
     """The sink ``load_program``'s arguments ask for: a file when a path is given (limited to
@@ -317,7 +340,7 @@ def make_sink(debug_buffer_size: int | str = 0, debug_buffer_path: str | os.Path
     if debug_buffer_path is not None:
         return FileSink(debug_buffer_path, size if isinstance(size, int) and size > 0 else None)
     if size == "auto":
-        return BufferSink(None)
+        return FileSink(None)
     if size:
         return BufferSink(size)
     return None
@@ -561,7 +584,7 @@ class ProgramTracer:
         self._runs: list[_ExecRun | ed.RunData] = []
         self._bundled_input_index = -1
         self._run: _ExecRun | None = None  # the run in progress
-        self._writer: _Writer | None = None  # its debug-buffer writer
+        self._writer: _Writer | _InlineWriter | None = None  # its debug-buffer writer
         self._delegate_k = -1  # instruction id of the DELEGATE_CALL in progress
 
     # -- configuration ------------------------------------------------------------------------------
@@ -578,8 +601,9 @@ class ProgramTracer:
         self._bundled_input_index = int(index)
 
     def required_debug_buffer_bytes(self, method_name: str) -> int:
-        """Bytes one run of ``method_name`` stores in the debug buffer (every instruction output and every
-        program output, each 64-byte aligned): ``debug_buffer_size`` must be at least runs x this."""
+        """Bytes one run of ``method_name`` stores in the debug buffer: every output of every non-view
+        instruction, plus the program outputs not among them, each 64-byte aligned. A fixed
+        ``debug_buffer_size`` must be at least runs x this."""
         mt = self._traces.get(method_name)
         if mt is not None:
             return mt.run_bytes
@@ -644,7 +668,7 @@ class ProgramTracer:
         mark = sink.used_bytes
         oa = run.offsets.append
         alloc = sink.alloc
-        writer = self._writer = _Writer(sink)
+        writer = self._writer = _Writer(sink) if mt.run_bytes >= ASYNC_MIN_BYTES else _InlineWriter(sink)
         qput = writer.q.put
         self._run = run
         try:
@@ -776,7 +800,7 @@ class ProgramTracer:
         if sink is not None:
             if debug_buffer_path is not None:
                 sink.save(debug_buffer_path)
-            elif isinstance(sink, FileSink):
+            elif sink.path is not None:
                 sink.flush()
             elif sink.used_bytes:
                 raise EdgeTorchError(

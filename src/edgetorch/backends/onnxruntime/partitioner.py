@@ -1,0 +1,217 @@
+"""``OrtPartitioner``: tags maximal convex groups of edge nodes that ONNX Runtime can run.
+
+A node is a candidate when its op is in the backend's whitelist (``ops.py``) or ``extra_ops``, its tensors
+have static shapes and supported dtypes, and it is not excluded by op, node name or module path. With
+``fallback_unsupported=True`` each candidate is also checked against torch.onnx's translation registry, and
+nodes without a translation stay on the portable backend (see ``rejected``). Candidates are grouped by
+torch's ``CapabilityBasedPartitioner`` (partitions are convex); groups made only of view-like ops are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from edgetorch.backends.onnxruntime import ops as _ops
+from edgetorch.backends.onnxruntime.preprocess import BACKEND_ID, COMPILE_SPEC_DEFAULTS, export_problem
+from edgetorch.exir.backend.partitioner import (
+    DELEGATION_TAG,
+    CompileSpec,
+    DelegationSpec,
+    Partitioner,
+    PartitionResult,
+)
+
+log = logging.getLogger(__name__)
+
+_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_ALL")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A node the partitioner left to the portable backend, and why."""
+
+    node: str
+    op: str
+    reason: str
+
+
+def _tensor_vals(x: object) -> list:
+    if isinstance(x, torch.fx.Node):
+        v = x.meta.get("val")
+        return [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+    if isinstance(x, (list, tuple)):
+        return [t for a in x for t in _tensor_vals(a)]
+    return []
+
+
+def _module_paths(node: torch.fx.Node) -> list[str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    out = []
+    for v in stack.values():
+        path = v[0] if isinstance(v, (list, tuple)) and v else v
+        if isinstance(path, str):
+            out.append(path)
+    return out
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, ok: set[torch.fx.Node]) -> None:
+        super().__init__()
+        self.ok = ok
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:  # noqa: ARG002
+        return node in self.ok
+
+
+class OrtPartitioner(Partitioner):
+    """Delegates what ONNX Runtime supports to the ``onnxruntime`` backend.
+
+    ``exclude_ops``: ops (OpOverloads or names such as ``"aten.gelu.default"`` / ``"gelu"``) never delegated.
+    ``exclude_nodes``: edge node names never delegated.
+    ``exclude_module_paths``: substrings of ``nn_module_stack`` paths (e.g. ``"encoder.layers.1"``) whose nodes
+    stay portable.
+    ``graph_optimization_level``: ORT's level in the runtime (default ``ORT_ENABLE_ALL``, what a deployment gets).
+    ``fallback_unsupported``: check every candidate against torch.onnx's registry and leave nodes it cannot
+    translate to the portable backend; with False such a node makes lowering fail with an ``ExportError``.
+    ``extra_ops``: ops to try beyond the whitelist. ``keep_whole``: composite ops kept out of decomposition
+    (names in ``ops.KEEP_WHOLE``: "linear", "layer_norm", "scaled_dot_product_attention").
+    ``min_compute_ops``: partitions with fewer non-view ops are dropped.
+    ``intra_op_num_threads`` (0: ``torch.get_num_threads()`` at load), ``profile_ops`` ("off" / "first" /
+    "every": which traced runs get per-op ORT profiler events), ``observer_effect`` ("every" / "first" /
+    "off": which debug runs also run the plain session and compare its final outputs with the exposing
+    session's), ``exporter`` ("fast" / "torch.onnx"), ``onnx_optimize`` (onnxscript optimizer after export),
+    ``allow_spinning`` (ORT threads spin-wait between runs; off by default: spinning threads starve the torch
+    kernels that run between partitions) and ``compile_specs`` (raw extra specs) become the
+    delegate's compile specs (only values differing from the defaults are stored).
+    """
+
+    def __init__(self, exclude_ops: Iterable[object] = (), exclude_nodes: Iterable[str] = (),
+                 exclude_module_paths: Iterable[str] = (), graph_optimization_level: str = "ORT_ENABLE_ALL",
+                 fallback_unsupported: bool = True, extra_ops: Iterable[object] = (),
+                 keep_whole: Iterable[str] = (), min_compute_ops: int = 1, intra_op_num_threads: int = 0,
+                 profile_ops: str = "first", observer_effect: str = "every", exporter: str = "fast",
+                 onnx_optimize: bool = False, allow_spinning: bool = False,
+                 compile_specs: dict[str, bytes] | None = None) -> None:
+        if graph_optimization_level not in _LEVELS:
+            raise ValueError(f"graph_optimization_level must be one of {_LEVELS}, got {graph_optimization_level!r}")
+        if profile_ops not in ("off", "first", "every"):
+            raise ValueError(f"profile_ops must be 'off', 'first' or 'every', got {profile_ops!r}")
+        if observer_effect not in ("every", "first", "off"):
+            raise ValueError(f"observer_effect must be 'every', 'first' or 'off', got {observer_effect!r}")
+        if exporter not in ("fast", "torch.onnx"):
+            raise ValueError(f"exporter must be 'fast' or 'torch.onnx', got {exporter!r}")
+        self.exclude_ops = frozenset(_ops.resolve_op(o) for o in exclude_ops)
+        self.exclude_nodes = frozenset(exclude_nodes)
+        self.exclude_module_paths = tuple(exclude_module_paths)
+        self.fallback_unsupported = fallback_unsupported
+        self.extra_ops = frozenset(_ops.resolve_op(o) for o in extra_ops)
+        unknown = [k for k in keep_whole if k not in _ops.KEEP_WHOLE]
+        if unknown:
+            raise ValueError(f"keep_whole: unknown op(s) {unknown}; known: {sorted(_ops.KEEP_WHOLE)}")
+        self.keep_whole = tuple(keep_whole)
+        self.min_compute_ops = min_compute_ops
+        specs = {"graph_optimization_level": graph_optimization_level,
+                 "intra_op_num_threads": str(int(intra_op_num_threads)), "profile_ops": profile_ops,
+                 "observer_effect": observer_effect, "exporter": exporter,
+                 "onnx_optimize": "1" if onnx_optimize else "0", "allow_spinning": "1" if allow_spinning else "0"}
+        self.compile_specs = [CompileSpec(k, v.encode()) for k, v in specs.items()
+                              if COMPILE_SPEC_DEFAULTS.get(k) != v]
+        self.compile_specs += [CompileSpec(k, bytes(v)) for k, v in (compile_specs or {}).items()]
+        self.rejected: list[Rejection] = []
+
+    # -- node checks ----------------------------------------------------------------------------------
+    def _reason(self, node: torch.fx.Node, allowed: frozenset) -> str | None:
+        """Why ``node`` cannot be delegated (None when it can)."""
+        t = node.target
+        if t not in allowed:
+            return "op not supported by the onnxruntime backend"
+        if t in self.exclude_ops:
+            return "excluded by exclude_ops"
+        if node.name in self.exclude_nodes:
+            return "excluded by exclude_nodes"
+        if self.exclude_module_paths:
+            for p in _module_paths(node):
+                for sub in self.exclude_module_paths:
+                    if sub in p:
+                        return f"excluded by exclude_module_paths ('{sub}' in '{p}')"
+        outs = _tensor_vals(node)
+        if not outs:
+            return "produces no tensor"
+        ins = _tensor_vals(list(node.args) + list(node.kwargs.values()))
+        for v in ins + outs:
+            if v.dtype not in _ops.TENSOR_DTYPES:
+                return f"dtype {v.dtype} is not supported"
+            if not all(isinstance(s, int) for s in v.shape):
+                return "dynamic shape"
+        val = node.meta.get("val")
+        if isinstance(val, (list, tuple)):  # only the outputs read through getitem must be non-empty
+            used = {u.args[1] for u in node.users if u.target is operator.getitem}
+            outs = [v for i, v in enumerate(val) if i in used and isinstance(v, torch.Tensor)]
+        for v in outs:
+            if v.numel() == 0:
+                return "empty tensor"
+        if t in _ops.FLOAT_OPS:
+            first = next((a for a in node.args if isinstance(a, torch.fx.Node)), None)
+            fv = _tensor_vals(first)
+            if fv and fv[0].dtype != torch.float32:
+                return f"{_ops.op_name(t)} runs on float32 only in ORT (input is {fv[0].dtype})"
+        if t is torch.ops.aten._to_copy.default:
+            extra = set(node.kwargs) - {"dtype", "memory_format"}
+            if extra:
+                return f"_to_copy with {sorted(extra)}"
+        if self.fallback_unsupported:
+            problem = export_problem(node)
+            if problem is not None:
+                return f"no ONNX translation: {problem}"
+        return None
+
+    def _candidates(self, gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+        allowed = _ops.supported_ops() | self.extra_ops | frozenset(_ops.KEEP_WHOLE[k] for k in self.keep_whole)
+        ok: set[torch.fx.Node] = set()
+        self.rejected = []
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node.target is operator.getitem:
+                src = node.args[0]
+                if src in ok:
+                    ok.add(node)
+                continue
+            reason = self._reason(node, allowed)
+            if reason is None:
+                ok.add(node)
+            else:
+                self.rejected.append(Rejection(node.name, _ops.op_name(node.target), reason))
+        return ok
+
+    # -- Partitioner API ------------------------------------------------------------------------------
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        gm = exported_program.graph_module
+        ok = self._candidates(gm)
+        parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True).propose_partitions()
+        tags: dict[str, DelegationSpec] = {}
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        parts.sort(key=lambda p: min(order[n] for n in p.nodes))
+        for p in parts:
+            compute = [n for n in p.nodes if n.target not in _ops.NON_COMPUTE_OPS]
+            if len(compute) < max(self.min_compute_ops, 1):
+                continue
+            tag = f"onnxruntime_{len(tags)}"
+            tags[tag] = DelegationSpec(BACKEND_ID, list(self.compile_specs))
+            for n in p.nodes:
+                n.meta[DELEGATION_TAG] = tag
+        log.info("OrtPartitioner: %d partitions, %d nodes delegated, %d left to the portable backend",
+                 len(tags), sum(1 for n in gm.graph.nodes if n.meta.get(DELEGATION_TAG)), len(self.rejected))
+        return PartitionResult(exported_program, tags)
+
+    def ops_to_not_decompose(self, exported_program: ExportedProgram
+                             ) -> tuple[list[torch._ops.OpOverload], Callable[[torch.fx.Node], bool] | None]:
+        return [_ops.KEEP_WHOLE[k] for k in self.keep_whole], None

@@ -1,0 +1,402 @@
+"""The runtime side of the onnxruntime backend (needs onnxruntime, onnx, numpy and torch; not the compiler).
+
+``init`` unpacks the blob (``_blob``), wraps the external weights as zero-copy ``OrtValue``s (shared by every
+session of the delegate) and builds the plain ``InferenceSession``. A plain ``execute`` binds the planned
+input and output tensors to the session once with ``IOBinding`` (data pointers, element types, shapes), so
+ORT reads the inputs and writes the outputs in place, and then only calls ``run_with_iobinding``.
+
+Traced runs (the runtime passes its ETDump tracer):
+
+* per-op timings: ORT's profiler can only be stopped once per session, so a run is profiled with a fresh
+  session built with ``enable_profiling`` (the same options otherwise; its outputs are the real outputs). The
+  ``profile_ops`` compile spec chooses which traced runs pay for that build: ``first`` (default: the first
+  traced run of each delegate), ``every`` or ``off``. Each ORT kernel event is logged with
+  ``log_delegate_profile`` under the original ONNX node name when it can be recovered from ORT's fused name
+  (else ORT's own name), with ``{"op", "ort_node"}`` JSON metadata.
+* intermediate outputs (when the tracer keeps a debug buffer): a second session of the same model with the
+  values listed in the blob's ``intermediates`` appended to ``graph.output`` runs on the same inputs. Values
+  are logged per edge op group with ``log_delegate_output(id, value)``: ``id`` is a key of the delegate's
+  debug handle map (the ONNX name of the group's first value) and ``value`` the group's output tensor, or the
+  list of its output tensors for groups with several (e.g. ``unbind``).
+* observer effect: exposing values can stop ORT fusing the ops that produce them. In a checked debug run the
+  real outputs come from the plain session (so the run returns exactly what a plain run returns) and the
+  final outputs of the exposing session are compared with them: the largest relative difference
+  (max |a - b| / max |b| over the outputs; above ``OBSERVER_EFFECT_TOLERANCE`` the exposed values are not
+  what a plain run computes) is logged as a delegate debug event with id ``"observer_effect"`` (a float) and
+  kept in ``OrtDelegate.last_observer_effect``. The ``observer_effect`` spec picks the checked runs:
+  ``every`` (default; a debug run then costs a plain run more), ``first`` (later debug runs only run the
+  exposing session and return its outputs) or ``off``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from edgetorch.backends.onnxruntime import _blob
+from edgetorch.runtime.backend_registry import register_backend
+
+NAME = "onnxruntime"
+OBSERVER_EFFECT_ID = "observer_effect"
+#: relative difference above which a debug run's exposed outputs count as changed by the observation
+OBSERVER_EFFECT_TOLERANCE = 1e-6
+
+_DEFAULTS: dict[str, str] = {
+    "graph_optimization_level": "ORT_ENABLE_ALL",
+    "intra_op_num_threads": "0",
+    "profile_ops": "first",
+    "observer_effect": "every",
+    "allow_spinning": "0",
+}
+_OVERRIDES: dict[str, str] = {}
+_LOCK = threading.Lock()
+
+_NP_DTYPES: dict[torch.dtype, Any] = {
+    torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64,
+    torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
+}
+
+
+def set_runtime_options(**options: object) -> None:
+    """Process-wide overrides of the delegate compile specs for delegates loaded afterwards, e.g.
+    ``set_runtime_options(profile_ops="every", intra_op_num_threads=1)``; ``None`` removes an override."""
+    with _LOCK:
+        for k, v in options.items():
+            if k not in _DEFAULTS:
+                raise ValueError(f"unknown onnxruntime runtime option '{k}'; known: {sorted(_DEFAULTS)}")
+            if v is None:
+                _OVERRIDES.pop(k, None)
+            else:
+                _OVERRIDES[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+
+
+def _options(compile_specs: dict[str, bytes]) -> dict[str, str]:
+    out = dict(_DEFAULTS)
+    for k, v in compile_specs.items():
+        out[k] = v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+    with _LOCK:
+        out.update(_OVERRIDES)
+    return out
+
+
+@dataclass
+class _Binding:
+    io: Any
+    pre: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (src, staging) before run
+    post: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (staging, dst) after run
+
+
+def _non_overlapping(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src, dst) narrowed to index 0 along every dimension ``dst`` broadcasts (stride 0), so that ``copy_``
+    never writes one memory location twice (planned outputs of ``expand`` are such views)."""
+    for d in range(dst.dim()):
+        if dst.stride(d) == 0 and dst.shape[d] > 1:
+            src, dst = src.narrow(d, 0, 1), dst.narrow(d, 0, 1)
+    return src, dst
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One ORT kernel execution from the profiler, in ``time.perf_counter_ns`` time."""
+
+    delegate_id: str
+    ort_node: str
+    op: str
+    start_ns: int
+    end_ns: int
+
+
+class OrtDelegate:
+    """One loaded delegate: its sessions, bindings and debug tables."""
+
+    def __init__(self, processed: memoryview | bytes, compile_specs: dict[str, bytes] | None = None) -> None:
+        unpacked = _blob.unpack(processed)
+        self.header = unpacked.header
+        self.options = _options(compile_specs or {})
+        self._blob_ref = processed  # the weights below are views of it
+        self._arrays = unpacked.initializers
+        self._model_bytes = bytes(unpacked.model)
+        self._ortvalues = {k: ort.OrtValue.ortvalue_from_numpy(a) for k, a in self._arrays.items()}
+        self.input_names = [i["name"] for i in self.header["inputs"]]
+        self.output_names = [o["name"] for o in self.header["outputs"]]
+        self.intermediates: list[str] = list(self.header.get("intermediates", []))
+        self.groups: list[tuple[str, list[str]]] = [(g[0], list(g[1])) for g in self.header.get("groups", [])]
+        threads = int(self.options["intra_op_num_threads"] or 0)
+        self.num_threads = threads if threads > 0 else torch.get_num_threads()
+        try:
+            self.session = self._make_session(self._model_bytes)
+        except Exception as e:
+            raise _blob.OrtBlobError(f"ONNX Runtime rejected the model: {type(e).__name__}: {e}",
+                                     field="model") from e
+        self._binding: _Binding | None = None
+        self._binding_key: tuple = ()
+        self._debug_session: Any = None
+        self._debug_outputs: list[str] = []
+        self._debug_binding: _Binding | None = None
+        self._debug_bufs: list[torch.Tensor] = []
+        self._debug_key: tuple = ()
+        self._producers: dict[str, str] | None = None
+        self.profiled_runs = 0
+        self.last_observer_effect: float | None = None
+        self.observer_checks = 0
+        self.last_profile: list[OpEvent] = []
+
+    # -- sessions -----------------------------------------------------------------------------------
+    def session_options(self, profile_prefix: str | None = None, spin: bool = True) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        level = self.options["graph_optimization_level"]
+        try:
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        except AttributeError:
+            raise _blob.OrtBlobError(f"unknown graph_optimization_level '{level}'", field="compile_specs") from None
+        so.intra_op_num_threads = self.num_threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", self.options["allow_spinning"] if spin else "0")
+        if self._ortvalues:
+            names = list(self._ortvalues)
+            so.add_external_initializers(names, [self._ortvalues[n] for n in names])
+        if profile_prefix is not None:
+            so.enable_profiling = True
+            so.profile_file_prefix = profile_prefix
+        return so
+
+    def _make_session(self, model: bytes, profile_prefix: str | None = None, spin: bool = True) -> Any:
+        return ort.InferenceSession(model, self.session_options(profile_prefix, spin),
+                                    providers=["CPUExecutionProvider"])
+
+    def debug_session(self) -> Any:
+        """The session whose outputs are the real outputs followed by every value in ``intermediates``."""
+        if self._debug_session is None:
+            import onnx
+
+            proto = onnx.ModelProto()
+            proto.ParseFromString(self._model_bytes)
+            have = {o.name for o in proto.graph.output}
+            for name in self.intermediates:
+                if name not in have:
+                    proto.graph.output.append(onnx.ValueInfoProto(name=name))
+                    have.add(name)
+            self._debug_outputs = [o.name for o in proto.graph.output]
+            self._debug_session = self._make_session(proto.SerializeToString(), spin=False)
+        return self._debug_session
+
+    # -- plain runs ---------------------------------------------------------------------------------
+    def _bind(self, session: Any, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> _Binding:
+        if len(inputs) != len(self.input_names) or len(outputs) != len(self.output_names):
+            raise RuntimeError(f"onnxruntime delegate expects {len(self.input_names)} inputs and "
+                               f"{len(self.output_names)} outputs, got {len(inputs)} and {len(outputs)}")
+        return self._bind_names(session, self.input_names, inputs, self.output_names, outputs)
+
+    @staticmethod
+    def _bind_names(session: Any, input_names: list[str], inputs: Sequence[torch.Tensor], output_names: list[str],
+                    outputs: Sequence[torch.Tensor]) -> _Binding:
+        b = _Binding(session.io_binding())
+        for name, t in zip(input_names, inputs):
+            src = t
+            if not t.is_contiguous():
+                src = torch.empty(t.shape, dtype=t.dtype)
+                b.pre.append((t, src))
+            b.io.bind_input(name, "cpu", 0, _NP_DTYPES[src.dtype], list(src.shape), src.data_ptr())
+        for name, t in zip(output_names, outputs):
+            dst = t
+            if not t.is_contiguous():
+                dst = torch.empty(t.shape, dtype=t.dtype)
+                b.post.append(_non_overlapping(dst, t))
+            b.io.bind_output(name, "cpu", 0, _NP_DTYPES[dst.dtype], list(dst.shape), dst.data_ptr())
+        return b
+
+    def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Runs the plain session reading ``inputs`` and writing ``outputs`` in place."""
+        key = tuple(t.data_ptr() for t in inputs) + tuple(t.data_ptr() for t in outputs)
+        b = self._binding
+        if b is None or key != self._binding_key:
+            b = self._binding = self._bind(self.session, inputs, outputs)
+            self._binding_key = key
+        for src, dst in b.pre:
+            dst.copy_(src)
+        self.session.run_with_iobinding(b.io)
+        for src, dst in b.post:
+            dst.copy_(src)
+
+    def run_without_binding(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """``session.run`` with numpy feeds, results copied into ``outputs`` (the slower path; for comparison)."""
+        res = self.session.run(self.output_names, self._feeds(inputs))
+        for o, r in zip(outputs, res):
+            o.copy_(torch.from_numpy(r))
+
+    def _feeds(self, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
+        return {n: t.detach().contiguous().numpy() for n, t in zip(self.input_names, inputs)}
+
+    # -- debug runs ---------------------------------------------------------------------------------
+    def capture_intermediates(self, inputs: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor],
+                                                                           list[torch.Tensor]]:
+        """Runs the exposing session: returns {value name: tensor} for ``intermediates`` and the final outputs.
+
+        The tensors are buffers the next capture overwrites (the first capture learns their shapes with
+        ``session.run``; later ones bind them with IOBinding so ORT writes into them directly)."""
+        sess = self.debug_session()
+        key = tuple(t.data_ptr() for t in inputs)
+        b = self._debug_binding
+        if b is None or key != self._debug_key:
+            res = sess.run(self._debug_outputs, self._feeds(inputs))
+            bufs = [torch.from_numpy(np.ascontiguousarray(r)) for r in res]
+            self._debug_binding = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, bufs)
+            self._debug_bufs = bufs
+            self._debug_key = key
+        else:
+            for src, dst in b.pre:
+                dst.copy_(src)
+            sess.run_with_iobinding(b.io)
+        by_name = dict(zip(self._debug_outputs, self._debug_bufs))
+        finals = [by_name[n] for n in self.output_names]
+        return {n: by_name[n] for n in self.intermediates if n in by_name}, finals
+
+    # -- profiling ----------------------------------------------------------------------------------
+    def _producer_map(self) -> dict[str, str]:
+        if self._producers is None:
+            import onnx
+
+            proto = onnx.ModelProto()
+            proto.ParseFromString(self._model_bytes)
+            prod: dict[str, str] = {}
+            for n in proto.graph.node:
+                prod[n.name] = n.name
+                for o in n.output:
+                    prod.setdefault(o, n.name)
+            self._producers = prod
+        return self._producers
+
+    def profile_id(self, ort_name: str) -> str:
+        """The original ONNX node name behind an ORT kernel name (ORT renames fused/rewritten nodes, e.g.
+        ``fused node_linear``, ``node_addmm/GemmTransposeFusion/``, ``relu_nchwc``); else ORT's name."""
+        prod = self._producer_map()
+        base = ort_name.split("/")[0]
+        cands = [ort_name, ort_name[6:] if ort_name.startswith("fused ") else "", base]
+        for suffix in ("_nchwc", "_new_reshape"):
+            if base.endswith(suffix):
+                cands.append(base[:-len(suffix)])
+        for c in cands:
+            if c and c in prod:
+                return prod[c]
+        return ort_name
+
+    def profile_run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[OpEvent]:
+        """Runs a fresh profiling session into ``outputs``; returns its kernel events."""
+        prefix = os.path.join(tempfile.gettempdir(), f"edgetorch-ort-profile-{os.getpid()}-{id(self)}")
+        sess = self._make_session(self._model_bytes, prefix)
+        b = self._bind(sess, inputs, outputs)
+        for src, dst in b.pre:
+            dst.copy_(src)
+        t0 = time.perf_counter_ns()
+        sess.run_with_iobinding(b.io)
+        for src, dst in b.post:
+            dst.copy_(src)
+        path = sess.end_profiling()
+        try:
+            with open(path) as f:
+                events = json.load(f)
+        finally:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        run_ts = next((e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                      None)
+        kernels = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
+        if run_ts is None:
+            run_ts = min((e["ts"] for e in kernels), default=0)
+        out = []
+        for e in kernels:
+            raw = e["name"][:-len("_kernel_time")]
+            start = t0 + (int(e["ts"]) - int(run_ts)) * 1000
+            out.append(OpEvent(self.profile_id(raw), raw, str(e.get("args", {}).get("op_name", "")), start,
+                               start + int(e.get("dur", 0)) * 1000))
+        self.profiled_runs += 1
+        self.last_profile = out
+        return out
+
+    def wants_profile(self) -> bool:
+        mode = self.options["profile_ops"]
+        return mode == "every" or (mode == "first" and self.profiled_runs == 0)
+
+    # -- traced execution ---------------------------------------------------------------------------
+    def observer_effect(self, exposed: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> float:
+        worst = 0.0
+        for a, b in zip(exposed, outputs):
+            if a.numel() == 0:
+                continue
+            if not (a.is_floating_point() or b.is_floating_point()):
+                worst = max(worst, 0.0 if torch.equal(a, b.to(a.dtype)) else float("inf"))
+                continue
+            a64, b64 = a.double(), b.double()
+            scale = max(b64.abs().max().item(), 1e-12)
+            worst = max(worst, (a64 - b64).abs().max().item() / scale)
+        return worst
+
+    def observer_mode(self) -> str:
+        mode = {"1": "every", "0": "off"}.get(self.options["observer_effect"], self.options["observer_effect"])
+        if mode not in ("every", "first", "off"):
+            raise ValueError(f"onnxruntime: observer_effect must be 'every', 'first' or 'off', got {mode!r}")
+        return mode
+
+    def execute_traced(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], tracer: Any) -> None:
+        """The tracer wiring: profile events, intermediate outputs and the observer effect of one run."""
+        log_profile = getattr(tracer, "log_delegate_profile", None)
+        log_output = getattr(tracer, "log_delegate_output", None)
+        want_values = bool(getattr(tracer, "logs_intermediates", False)) and log_output is not None
+        mode = self.observer_mode()
+        check = mode == "every" or (mode == "first" and self.observer_checks == 0)
+        plain = True
+        if log_profile is not None and self.wants_profile():
+            for ev in self.profile_run(inputs, outputs):
+                meta = json.dumps({"op": ev.op, "ort_node": ev.ort_node}).encode()
+                log_profile(ev.delegate_id, ev.start_ns, ev.end_ns, meta)
+        elif not want_values or check:
+            self.run(inputs, outputs)
+        else:
+            plain = False
+        if not want_values:
+            return
+        values, finals = self.capture_intermediates(inputs)
+        if not plain:  # the exposing session's outputs are the run's outputs
+            for o, r in zip(outputs, finals):
+                src, dst = _non_overlapping(r, o)
+                dst.copy_(src)
+        for gid, names in self.groups:
+            vs = [values[n] for n in names if n in values]
+            if vs:
+                log_output(gid, vs[0] if len(vs) == 1 else vs)
+        if plain and mode != "off":
+            self.last_observer_effect = self.observer_effect(finals, outputs)
+            self.observer_checks += 1
+            log_output(OBSERVER_EFFECT_ID, float(self.last_observer_effect))
+
+
+class OrtRuntime:
+    """The ``onnxruntime`` entry of the runtime backend registry."""
+
+    name = NAME
+
+    def init(self, processed: memoryview, compile_specs: dict[str, bytes]) -> OrtDelegate:
+        return OrtDelegate(processed, compile_specs)
+
+    def execute(self, handle: OrtDelegate, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                tracer: Any = None) -> None:
+        if tracer is None:
+            handle.run(inputs, outputs)
+        else:
+            handle.execute_traced(inputs, outputs, tracer)
+
+
+register_backend(OrtRuntime())

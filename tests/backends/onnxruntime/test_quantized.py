@@ -1,0 +1,77 @@
+"""PT2E-quantized graphs (edgetorch's symmetric int8 quantizer on torchao) lowered to ORT: Q/DQ nodes export to
+QuantizeLinear/DequantizeLinear, ORT's default optimizations run them as integer kernels, and the gap that
+creates (and the observer effect of exposing intermediates) is visible."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+import torch
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+from edgetorch.backends.onnxruntime import _blob
+from edgetorch.export.quantizer import SymmetricInt8Quantizer
+from edgetorch.models import get_model
+from edgetorch.runtime import Runtime
+from tests.backends.onnxruntime._util import (
+    compute_nodes,
+    delegate_calls,
+    delegate_profile_events,
+    lower_ort,
+    rel_err,
+    traced_delegate_outputs,
+)
+
+INTEGER_KERNELS = {"QGemm", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear",
+                   "QLinearAdd", "MatMulIntegerToFloat"}
+
+
+def _quantized(name: str) -> tuple[torch.nn.Module, tuple]:
+    model, inputs = get_model(name)
+    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), SymmetricInt8Quantizer())
+    g = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        prepared(torch.randn(inputs[0].shape, generator=g))
+    prepared(*inputs)
+    return convert_pt2e(prepared), inputs
+
+
+@pytest.fixture(scope="module", params=["mlp", "small_cnn"])
+def quantized(request):
+    q, inputs = _quantized(request.param)
+    return q, inputs, lower_ort(q, inputs), lower_ort(q, inputs, graph_optimization_level="ORT_DISABLE_ALL")
+
+
+def test_qdq_nodes_are_delegated_and_export_as_quantize_linear(quantized):
+    q, inputs, low, _ = quantized
+    assert compute_nodes(low.lowered) == [] and len(delegate_calls(low.lowered)) == 1
+    inner = {str(n.target) for n in delegate_calls(low.lowered)[0].meta["lowered_module"].original_module.graph.nodes}
+    assert any("quantize_per_tensor" in t for t in inner)
+    proto = onnx.ModelProto.FromString(bytes(_blob.unpack(delegate_calls(low.lowered)[0].meta["lowered_module"]
+                                                          .processed_bytes).model))
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+def test_without_optimizations_ort_matches_the_quantized_reference(quantized):
+    q, inputs, _, plain = quantized
+    out = plain.method().execute(*inputs)
+    assert rel_err(out, q(*inputs)) <= 1e-5
+
+
+def test_default_optimizations_run_integer_kernels_with_a_visible_gap(quantized, tmp_path):
+    q, inputs, low, _ = quantized
+    out = low.method().execute(*inputs)
+    gap = rel_err(out, q(*inputs))
+    assert gap <= 0.2  # requantization in integer kernels rounds differently from the Q/DQ reference
+    prog = Runtime.get().load_program(low.et.buffer, enable_etdump=True)
+    prog.load_method("forward").execute(*inputs)
+    kernels = {json.loads(e.delegate_debug_metadata)["op"] for e in delegate_profile_events(prog)}
+    assert kernels & INTEGER_KERNELS, kernels
+    # exposing the intermediates stops ORT fusing the Q/DQ groups: the observer effect is reported
+    logged = traced_delegate_outputs(low.et, inputs, str(tmp_path))
+    (effect,) = [v for d, v in logged if d == "observer_effect"]
+    if gap > 1e-6:
+        assert effect > 1e-6
