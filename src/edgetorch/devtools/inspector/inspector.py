@@ -105,22 +105,15 @@ class Inspector:
                     f"{self._etdump.debug_buffer_bytes}: wrong or truncated debug buffer file")
 
     def _inflate(self, value: ed.Value) -> Any:
-        t = value.val
-        if t == ed.ValueType.Tensor:
+        if self._debug_buffer is not None:
+            return self._debug_buffer.value(value)
+        if value.val == ed.ValueType.Tensor:
             return self._tensor(value.tensor)
-        if t == ed.ValueType.TensorList:
+        if value.val == ed.ValueType.TensorList:
             return [self._tensor(x) for x in value.tensor_list or []]
-        if t == ed.ValueType.Int:
-            return value.int_value
-        if t == ed.ValueType.Bool:
-            return value.bool_value
-        if t == ed.ValueType.Float:
-            return value.float_value
-        if t == ed.ValueType.Double:
-            return value.double_value
-        if t == ed.ValueType.String:
-            return value.string_value
-        return None
+        from edgetorch.devtools.etdump import DebugBuffer
+
+        return DebugBuffer(b"").value(value)  # scalars need no buffer
 
     def _tensor(self, t: ed.Tensor) -> torch.Tensor | None:
         if t.numel == 0:
