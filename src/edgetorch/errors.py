@@ -102,3 +102,8 @@ class RecipeError(EdgeTorchError, ValueError):
 
 class UnsafeModelFileError(ExportInputError):
     """A saved ExportedProgram holds pickled data (which could run code when loaded) and was not loaded."""
+
+
+class ObserverEffectWarning(UserWarning):
+    """Exposing a delegate's intermediates changed its final outputs (the logged inside-delegate values are not
+    exactly what a plain run computes)."""

@@ -467,3 +467,17 @@ def test_a_slow_writer_still_copies_every_tensor_before_the_arena_reuses_it(sink
                 want = want[d.output_index] if isinstance(want, (tuple, list)) else want
                 assert same_bits(buf.value(d.debug_entry), want), d.name
     p.tracer.close()
+
+
+def test_buffer_sink_padding_reads_as_zeros_after_a_rewind():
+    sink = BufferSink(1024)
+    payload = torch.full((40,), 0xAB, dtype=torch.uint8)
+    off = sink.alloc(40)
+    sink.put(off, payload.data_ptr(), memoryview(payload.numpy()))
+    sink.rollback(0)  # a rewind leaves the old bytes in place ...
+    small = torch.full((3,), 7, dtype=torch.uint8)
+    off = sink.alloc(3)
+    sink.put(off, small.data_ptr(), memoryview(small.numpy()))
+    data = bytes(sink.getvalue())
+    assert off == 0 and len(data) == ed.DEBUG_BUFFER_ALIGNMENT
+    assert data[:3] == bytes([7, 7, 7]) and data[3:] == bytes(len(data) - 3)  # ... but the padding is zeroed

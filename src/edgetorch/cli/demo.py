@@ -94,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"... {len(df) - args.rows} more rows (see the report)")
     cov = inspector.last_gap_coverage
     console.print(cov.summary())
+    if df.attrs.get("observer_effect") is not None:
+        from edgetorch.cli.inspect import observer_effect_line
+
+        console.print(observer_effect_line(df.attrs["observer_effect"]), highlight=False)
     culprits = inspector.find_culprits(df, top=3)
     for _, row in culprits.iterrows():
         g = row["local_gap"][0]

@@ -69,6 +69,16 @@ def _num(v: Any) -> str:
         return str(v)
 
 
+def observer_effect_line(effect: float) -> str:
+    """One line on how much exposing delegate intermediates changed the delegate's final outputs."""
+    from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
+
+    if effect > OBSERVER_EFFECT_TOLERANCE:
+        return (f"observer effect {effect:.3g} relative (> {OBSERVER_EFFECT_TOLERANCE:g}): exposing the delegate's "
+                "intermediates changed what it computes; inside-delegate rows show the observed variant")
+    return f"observer effect {effect:.3g} relative: exposing the delegate's intermediates changed nothing"
+
+
 def _ops(v: Any, width: int) -> str:
     s = ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
     return s if len(s) <= width else s[:width - 1] + "…"
@@ -164,6 +174,8 @@ def _main(args: argparse.Namespace) -> int:
             console.print(f"... {len(gap_df) - len(shown)} more rows (--rows 0 shows all)")
         if inspector.last_gap_coverage is not None:
             console.print(inspector.last_gap_coverage.summary())
+        if gap_df.attrs.get("observer_effect") is not None:
+            console.print(observer_effect_line(gap_df.attrs["observer_effect"]), highlight=False)
         top = inspector.find_culprits(gap_df, top=5)
         lines = [f"  {_ops(r['aot_ops'], 60)}: local {args.gap} {_num(r['local_gap'])}, accumulated "
                  f"{_num(r['gap'])}" + (f" at {_source(r['source'])}" if r["source"] else "")

@@ -27,6 +27,7 @@ tr.hot td{background:#fde8e8}tr.first td{background:#fff3cd}
 details{font-size:11px}pre{white-space:pre-wrap;margin:2px 0}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
+p.warn{background:#fff3cd;padding:6px;border-left:4px solid #e0a800}
 """
 
 _JS = """
@@ -174,6 +175,16 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
         cov = gap_df.attrs.get("coverage")
         if cov is not None:
             out.append(f"<p>{_e(cov.summary())}</p>")
+        effect = gap_df.attrs.get("observer_effect")
+        if effect is not None:
+            from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
+
+            changed = effect > OBSERVER_EFFECT_TOLERANCE
+            note = ("exposing the delegate's intermediates changed its final outputs: rows inside the delegate "
+                    "show the observed (differently fused) computation" if changed else
+                    "exposing the delegate's intermediates did not change its final outputs")
+            out.append(f"<p class='{'warn' if changed else ''}'><b>Observer effect</b>: {effect:.3g} relative "
+                       f"(tolerance {OBSERVER_EFFECT_TOLERANCE:g}); {_e(note)}.</p>")
         out.append("<h2>Per-op gaps</h2><table class='sortable'><thead><tr>")
         cols = ["#", "aot_ops", "runtime_ops", "gap", "local_gap", "shape", "delegate", "module", "source",
                 "stack trace"]

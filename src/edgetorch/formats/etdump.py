@@ -35,6 +35,13 @@ DELEGATE_CALL = "DELEGATE_CALL"
 LOAD_BLOCK = "load"
 EXECUTE_BLOCK = "Execute"
 
+# Reserved delegate debug identifier: a backend that exposes its intermediates logs, per checked run, a float
+# debug event under this id: the largest relative difference between the delegate call's final outputs computed
+# with and without its intermediates exposed (max |a - b| / max |b| over the outputs). Readers report values above
+# OBSERVER_EFFECT_TOLERANCE: the logged intermediates are then not exactly what a plain run computes.
+OBSERVER_EFFECT_ID = "observer_effect"
+OBSERVER_EFFECT_TOLERANCE = 1e-6
+
 _KNOWN_IDENTIFIERS = {b"ED00": "an ExecuTorch ETDump (this reader reads edgetorch ETDumps only)",
                       b"EDTP": "an edgetorch program (.pte)"}
 

@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 from edgetorch.errors import KernelError, ProgramFormatError, RuntimeInputError
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
+from edgetorch.runtime._copy import clone, copy_into
 from edgetorch.runtime.backend_registry import get_backend
 from edgetorch.runtime.ops import resolve_operator
 
@@ -313,13 +314,13 @@ class Method:
             if tuple(x.shape) != info.shape:
                 raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must have shape "
                                         f"{list(info.shape)}, got {list(x.shape)}")
-            slot.copy_(x)
+            copy_into(slot, x)
 
     def _collect_outputs(self) -> Any:
         flat = []
         for vid in self._plan.outputs:
             v = self._slots[vid]
-            flat.append(v.clone() if isinstance(v, torch.Tensor) else v)
+            flat.append(clone(v) if isinstance(v, torch.Tensor) else v)
         if self._out_spec is None:
             return flat
         return pytree.tree_unflatten(flat, self._out_spec)

@@ -31,6 +31,7 @@ from edgetorch.errors import DebugBufferOverflowError, EdgeTorchError
 from edgetorch.formats import etdump as ed
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import code_dtype, dtype_code
+from edgetorch.runtime._copy import clone
 
 ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
 _ZEROS = memoryview(bytes(ALIGNMENT))
@@ -148,16 +149,17 @@ class BufferSink(DebugSink):
         pos = self._used
         if pos + nbytes > self._cap:  # only blobs nobody reserved for (delegate outputs, dynamic tensors)
             self.reserve(nbytes, self.method, "an output logged during a run")
-        self._used = (pos + nbytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        end = pos + nbytes
+        self._used = (end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        if self._used > end:  # the padding reads as zeros even where an earlier (rewound) run wrote
+            ctypes.memset(self._addr + end, 0, self._used - end)
         return pos
 
     def put(self, offset: int, address: int, data: memoryview) -> None:
         _memmove(self._addr + offset, address, data.nbytes)
 
     def rollback(self, mark: int) -> None:
-        if self._used > mark:
-            ctypes.memset(self._addr + mark, 0, self._used - mark)  # padding must read as zeros again
-        self._used = mark
+        self._used = mark  # no need to zero: ``alloc`` zeroes each blob's padding, ``put`` fills the blob
 
     def getvalue(self) -> memoryview:
         """The used prefix of the buffer (a view: it changes with later runs)."""
@@ -718,12 +720,15 @@ class ProgramTracer:
         finally:
             self._delegate_k = -1
 
-    def _store(self, t: torch.Tensor) -> ed.Tensor:
-        """Queues a copy of a tensor only known at run time (its own memory, so no deadline)."""
+    def _store(self, t: torch.Tensor, snapshot: bool = True) -> ed.Tensor:
+        """Queues a copy of a tensor only known at run time. ``snapshot``: copy it first (single-threaded)
+        into memory of its own, as its storage may change before the writer gets to it; without, a contiguous
+        tensor is queued as it is (its owner promises to leave it alone until the run ends)."""
         t = t.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.clone(memory_format=torch.contiguous_format)
+        if snapshot or not t.is_contiguous() or t.is_conj() or t.is_neg():
+            t = clone(t)
         sizes = list(t.shape)
         nbytes = t.numel() * t.element_size()
         off = ed.NO_OFFSET
@@ -732,11 +737,11 @@ class ProgramTracer:
             self._writer.q.put((off, t.data_ptr(), _raw_bytes(t), t, 0))
         return ed.Tensor(dtype_code(t.dtype), sizes, _contiguous_strides(sizes), off, nbytes)
 
-    def _value(self, v: Any) -> ed.Value:
+    def _value(self, v: Any, snapshot: bool = True) -> ed.Value:
         if isinstance(v, torch.Tensor):
-            return ed.Value(ed.ValueType.Tensor, tensor=self._store(v))
+            return ed.Value(ed.ValueType.Tensor, tensor=self._store(v, snapshot))
         if isinstance(v, (list, tuple)) and all(isinstance(x, torch.Tensor) for x in v):
-            return ed.Value(ed.ValueType.TensorList, tensor_list=[self._store(x) for x in v])
+            return ed.Value(ed.ValueType.TensorList, tensor_list=[self._store(x, snapshot) for x in v])
         return _scalar_value(v)
 
     def _log_dynamic(self, mt: _MethodTrace, k: int, j: int, vid: int, name: str) -> None:
@@ -770,15 +775,19 @@ class ProgramTracer:
         self._run.extra.setdefault(k, []).append(ed.Event(profile_event=ed.ProfileEvent(
             str(name_or_id), 0, k, id_int, id_str, bytes(metadata), int(start_ns), int(end_ns))))
 
-    def log_delegate_output(self, name_or_id: int | str, value: Any) -> None:
+    def log_delegate_output(self, name_or_id: int | str, value: Any, *, snapshot: bool = True) -> None:
         """Records a backend-internal output (tensor, list of tensors, int, bool, float, str) inside the
-        running DELEGATE_CALL; tensor bytes go to the debug buffer. Ignored without a debug buffer."""
+        running DELEGATE_CALL; tensor bytes go to the debug buffer. Ignored without a debug buffer.
+
+        ``snapshot=False`` lets a backend skip the copy taken before the bytes are queued: it promises that
+        the tensors' memory stays unchanged until the method run ends (e.g. buffers of its own that only its
+        next run rewrites)."""
         id_int, id_str = self._delegate_ids(name_or_id, "log_delegate_output")
         if self._sink is None:
             return
         k = self._delegate_k
         self._run.extra.setdefault(k, []).append(ed.Event(debug_event=ed.DebugEvent(
-            0, k, id_int, id_str, self._value(value), 0, "")))
+            0, k, id_int, id_str, self._value(value, snapshot), 0, "")))
 
     # -- results -------------------------------------------------------------------------------------
     @property

@@ -4,11 +4,13 @@ checked against an independent eager capture of the edge ops) and a fault plante
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
 from edgetorch.backends.onnxruntime import OrtPartitioner, _blob
 from edgetorch.devtools import Inspector
+from edgetorch.errors import ObserverEffectWarning
 from edgetorch.exir import to_edge, to_edge_transform_and_lower
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
@@ -34,12 +36,20 @@ def _inspect(name: str, tmp: str, perturb: bool = False):
     prog.load_method("forward").execute(*inputs)
     dump, dbg = os.path.join(tmp, "etdump.etdp"), os.path.join(tmp, "debug.bin")
     prog.write_etdump_result_to_file(dump, dbg)
-    insp = Inspector(etdump_path=dump, etrecord=rec_path, debug_buffer_path=dbg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ObserverEffectWarning)  # FP32 graphs: exposing values changes nothing
+        insp = Inspector(etdump_path=dump, etrecord=rec_path, debug_buffer_path=dbg)
+    _inspect.last = insp
     return model, inputs, ep, insp.calculate_numeric_gap("MSE"), planted
 
 
 def test_numeric_gap_rows_inside_the_delegate_match_eager(tmp_path):
     model, inputs, ep, df, _ = _inspect("vit_tiny", str(tmp_path))
+    insp = _inspect.last
+    (oe,) = insp.observer_effects
+    assert oe.method == "forward" and oe.delegate_backend_name == "onnxruntime" and len(oe.values) == 1
+    assert 0.0 <= insp.observer_effect <= 1e-6 and not oe.exceeds_tolerance
+    assert df.attrs["observer_effect"] == insp.observer_effect
     inner = df[df["in_delegate_call"].notna() & (df["delegate"] == "onnxruntime")]
     assert len(inner) >= 40
     assert (df["runtime_ops"].map(lambda ops: "DELEGATE_CALL" in ops)).sum() == 1

@@ -12,6 +12,9 @@ import torch
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 from edgetorch.backends.onnxruntime import _blob
+from edgetorch.backends.onnxruntime.runtime import OrtDelegate
+from edgetorch.devtools import Inspector
+from edgetorch.errors import ObserverEffectWarning
 from edgetorch.export.quantizer import SymmetricInt8Quantizer
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
@@ -75,3 +78,22 @@ def test_default_optimizations_run_integer_kernels_with_a_visible_gap(quantized,
     (effect,) = [v for d, v in logged if d == "observer_effect"]
     if gap > 1e-6:
         assert effect > 1e-6
+
+
+def test_inspector_reports_the_observer_effect_of_fused_integer_kernels(tmp_path):
+    q, inputs = _quantized("small_cnn")
+    low = lower_ort(q, inputs)
+    prog = Runtime.get().load_program(low.et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    method = prog.load_method("forward")
+    out = method.execute(*inputs)
+    dump, dbg = tmp_path / "q.etdp", tmp_path / "q.bin"
+    prog.write_etdump_result_to_file(dump, dbg)
+    # independently: the exposing session's final outputs against the plain run's
+    h = OrtDelegate(delegate_calls(low.lowered)[0].meta["lowered_module"].processed_bytes, {})
+    _, finals = h.capture_intermediates([inputs[0].clone()])
+    expected = rel_err(finals[0], out)
+    assert expected > 1e-6  # exposing the Q/DQ values stops ORT fusing them into integer kernels
+    with pytest.warns(ObserverEffectWarning, match="instruction 0"):
+        insp = Inspector(etdump_path=dump, debug_buffer_path=dbg)
+    assert insp.observer_effect == pytest.approx(expected, rel=1e-6)
+    assert [oe.exceeds_tolerance for oe in insp.observer_effects] == [True]

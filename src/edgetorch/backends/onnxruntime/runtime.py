@@ -44,12 +44,14 @@ import onnxruntime as ort
 import torch
 
 from edgetorch.backends.onnxruntime import _blob
+from edgetorch.formats import etdump as ed
 from edgetorch.runtime.backend_registry import register_backend
 
 NAME = "onnxruntime"
-OBSERVER_EFFECT_ID = "observer_effect"
-#: relative difference above which a debug run's exposed outputs count as changed by the observation
-OBSERVER_EFFECT_TOLERANCE = 1e-6
+#: the reserved delegate debug id of the observer-effect event, and the relative difference above which a debug
+#: run's exposed outputs count as changed by the observation (both defined by the ETDump format)
+OBSERVER_EFFECT_ID = ed.OBSERVER_EFFECT_ID
+OBSERVER_EFFECT_TOLERANCE = ed.OBSERVER_EFFECT_TOLERANCE
 
 _DEFAULTS: dict[str, str] = {
     "graph_optimization_level": "ORT_ENABLE_ALL",
@@ -375,8 +377,8 @@ class OrtDelegate:
                 dst.copy_(src)
         for gid, names in self.groups:
             vs = [values[n] for n in names if n in values]
-            if vs:
-                log_output(gid, vs[0] if len(vs) == 1 else vs)
+            if vs:  # the capture buffers are only rewritten by this delegate's next run: no snapshot needed
+                log_output(gid, vs[0] if len(vs) == 1 else vs, snapshot=False)
         if plain and mode != "off":
             self.last_observer_effect = self.observer_effect(finals, outputs)
             self.observer_checks += 1

@@ -8,7 +8,7 @@ from edgetorch.devtools.inspector.comparators import (
     NumericalComparatorBase,
     SNRComparator,
 )
-from edgetorch.devtools.inspector.events import Event, EventBlock, PerfData, TimeScale
+from edgetorch.devtools.inspector.events import Event, EventBlock, ObserverEffect, PerfData, TimeScale
 from edgetorch.devtools.inspector.inspector import Inspector
 from edgetorch.devtools.inspector.numeric_gap import Coverage
 
@@ -22,6 +22,7 @@ __all__ = [
     "MSEComparator",
     "MaxAbsComparator",
     "NumericalComparatorBase",
+    "ObserverEffect",
     "PerfData",
     "SNRComparator",
     "TimeScale",

@@ -138,6 +138,44 @@ class EventBlock:
         return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class ObserverEffect:
+    """What exposing a delegate call's intermediates did to its final outputs, per checked run: the largest
+    relative difference from a plain run of the call (see ``formats.etdump.OBSERVER_EFFECT_ID``)."""
+
+    method: str
+    instruction_id: int
+    delegate_backend_name: str | None
+    values: list[float]
+
+    @property
+    def max(self) -> float:
+        return max(self.values)
+
+    @property
+    def exceeds_tolerance(self) -> bool:
+        """True when the logged inside-delegate values are not exactly what a plain run computes."""
+        return self.max > ed.OBSERVER_EFFECT_TOLERANCE
+
+
+def observer_effects(blocks: list[EventBlock]) -> list[ObserverEffect]:
+    """The observer-effect events of every block (one entry per method and delegate call)."""
+    found: dict[tuple[str, int], ObserverEffect] = {}
+    for b in blocks:
+        for e in b.events:
+            if e.delegate_debug_identifier != ed.OBSERVER_EFFECT_ID or e.instruction_id is None:
+                continue
+            vals = [float(v[0]) for v in e.run_debug_data if v and isinstance(v[0], (int, float))]
+            if not vals:
+                continue
+            key = (b.method, e.instruction_id)
+            if key in found:
+                found[key].values.extend(vals)
+            else:
+                found[key] = ObserverEffect(b.method, e.instruction_id, e.delegate_backend_name, vals)
+    return list(found.values())
+
+
 # -- building blocks from an ETDump ----------------------------------------------------------------------
 
 def _delegate_id(ev: ed.ProfileEvent | ed.DebugEvent) -> int | str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from typing import IO, Any
 
 import pandas as pd
@@ -19,9 +20,17 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from edgetorch.devtools.inspector.comparators import NumericalComparatorBase, get_comparator
-from edgetorch.devtools.inspector.events import FRAMEWORK_EVENTS, Event, EventBlock, TimeScale, gen_event_blocks
+from edgetorch.devtools.inspector.events import (
+    FRAMEWORK_EVENTS,
+    Event,
+    EventBlock,
+    ObserverEffect,
+    TimeScale,
+    gen_event_blocks,
+    observer_effects,
+)
 from edgetorch.devtools.inspector.numeric_gap import Coverage, RuntimeEntry, compute_numeric_gap, reference_handles
-from edgetorch.errors import ArtifactMismatchError, InspectorError
+from edgetorch.errors import ArtifactMismatchError, InspectorError, ObserverEffectWarning
 from edgetorch.formats import etdump as ed
 
 log = logging.getLogger(__name__)
@@ -75,6 +84,17 @@ class Inspector:
         if self._etrecord is not None:
             self._associate()
         self.last_gap_coverage: Coverage | None = None
+        #: per delegate call that measured it: how much exposing its intermediates changed its final outputs
+        self.observer_effects: list[ObserverEffect] = observer_effects(self.event_blocks)
+        for oe in self.observer_effects:
+            if oe.exceeds_tolerance:
+                warnings.warn(
+                    f"observer effect: in method '{oe.method}', exposing the intermediates of the delegate call at "
+                    f"instruction {oe.instruction_id} ({oe.delegate_backend_name or 'backend unknown'}) changed "
+                    f"its final outputs by up to {oe.max:.3g} relative (tolerance "
+                    f"{ed.OBSERVER_EFFECT_TOLERANCE:g}): the backend fused differently when observed, so the "
+                    "inside-delegate values are not exactly what a plain run computes; gaps of ops it would "
+                    "have fused show the observed variant", ObserverEffectWarning, stacklevel=2)
 
     # -- loading -------------------------------------------------------------------------------------------
     @staticmethod
@@ -249,6 +269,11 @@ class Inspector:
         return self._etdump
 
     @property
+    def observer_effect(self) -> float | None:
+        """The largest observer effect any delegate call reported (None: none was measured)."""
+        return max((oe.max for oe in self.observer_effects), default=None)
+
+    @property
     def methods(self) -> list[str]:
         return list(dict.fromkeys(b.method for b in self.event_blocks if b.name != ed.LOAD_BLOCK))
 
@@ -367,6 +392,8 @@ class Inspector:
         df.attrs["reference_graph"] = used
         df.attrs["method"] = method
         df.attrs["distance"] = getattr(comparator, "name", type(comparator).__name__)
+        effects = [oe for oe in self.observer_effects if oe.method == method]
+        df.attrs["observer_effect"] = max((oe.max for oe in effects), default=None)
         self.last_gap_coverage = cov
         return df
 
