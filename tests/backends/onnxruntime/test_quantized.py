@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -97,3 +98,15 @@ def test_inspector_reports_the_observer_effect_of_fused_integer_kernels(tmp_path
         insp = Inspector(etdump_path=dump, debug_buffer_path=dbg)
     assert insp.observer_effect == pytest.approx(expected, rel=1e-6)
     assert [oe.exceeds_tolerance for oe in insp.observer_effects] == [True]
+
+
+def test_every_quantized_conv_and_linear_runs_as_an_integer_kernel(tmp_path):
+    q, inputs = _quantized("small_cnn")
+    low = lower_ort(q, inputs)
+    h = OrtDelegate(delegate_calls(low.lowered)[0].meta["lowered_module"].processed_bytes, {})
+    so = h.session_options()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(h._model_bytes, so, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
+    assert ops.count("QLinearConv") == 3 and "Conv" not in ops and "FusedConv" not in ops, ops
+    assert ops.count("QGemm") == 1 and "Gemm" not in ops and "MatMul" not in ops, ops
