@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from edgetorch._fileio import atomic_write
@@ -100,6 +101,11 @@ class DebugSink:
         """Forgets everything allocated after ``mark`` (a failed run leaves nothing behind)."""
         raise NotImplementedError
 
+    def lend(self, nbytes: int) -> tuple[int, torch.Tensor] | None:
+        """Allocates a blob and returns (offset, uint8 tensor over its bytes in the buffer) for a producer to
+        write in place (no ``put`` then); None when this sink cannot lend memory (the caller logs a copy)."""
+        return None
+
     def flush(self) -> None:
         pass
 
@@ -157,6 +163,14 @@ class BufferSink(DebugSink):
 
     def put(self, offset: int, address: int, data: memoryview) -> None:
         _memmove(self._addr + offset, address, data.nbytes)
+
+    def lend(self, nbytes: int) -> tuple[int, torch.Tensor] | None:
+        if not nbytes or self._map is None:
+            return None
+        off = self.alloc(nbytes)
+        # a view from the address, not the buffer protocol: exported pointers would keep the mmap from closing
+        raw = (ctypes.c_uint8 * nbytes).from_address(self._addr + off)
+        return off, torch.from_numpy(np.ctypeslib.as_array(raw))
 
     def rollback(self, mark: int) -> None:
         self._used = mark  # no need to zero: ``alloc`` zeroes each blob's padding, ``put`` fills the blob
@@ -588,6 +602,7 @@ class ProgramTracer:
         self._run: _ExecRun | None = None  # the run in progress
         self._writer: _Writer | _InlineWriter | None = None  # its debug-buffer writer
         self._delegate_k = -1  # instruction id of the DELEGATE_CALL in progress
+        self._lent: dict[int, tuple[int, int]] = {}  # data_ptr -> (offset, nbytes) lent to a delegate this run
 
     # -- configuration ------------------------------------------------------------------------------
     @property
@@ -711,6 +726,7 @@ class ProgramTracer:
         finally:
             self._run = None
             self._delegate_k = -1
+            self._lent.clear()
         self._runs.append(run)
 
     def _run_delegate(self, run_instruction: Callable[[int], None], k: int) -> None:
@@ -727,10 +743,14 @@ class ProgramTracer:
         t = t.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        if snapshot or not t.is_contiguous() or t.is_conj() or t.is_neg():
-            t = clone(t)
         sizes = list(t.shape)
         nbytes = t.numel() * t.element_size()
+        lent = self._lent.get(t.data_ptr()) if not snapshot and nbytes else None
+        if lent is not None and lent[1] == nbytes and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+            # written in place by the delegate into memory this tracer lent it: nothing to copy
+            return ed.Tensor(dtype_code(t.dtype), sizes, _contiguous_strides(sizes), lent[0], nbytes)
+        if snapshot or not t.is_contiguous() or t.is_conj() or t.is_neg():
+            t = clone(t)
         off = ed.NO_OFFSET
         if nbytes:
             off = self._sink.alloc(nbytes)
@@ -774,6 +794,27 @@ class ProgramTracer:
         k = self._delegate_k
         self._run.extra.setdefault(k, []).append(ed.Event(profile_event=ed.ProfileEvent(
             str(name_or_id), 0, k, id_int, id_str, bytes(metadata), int(start_ns), int(end_ns))))
+
+    def delegate_output_buffer(self, shape: list[int] | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """A contiguous tensor in the debug buffer itself that the running DELEGATE_CALL may fill (e.g. bind
+        as an output of its engine) and then log with ``log_delegate_output(..., snapshot=False)`` at no copy.
+        None when there is nothing to lend (no debug buffer, a file sink, an empty tensor): log a tensor of the
+        backend's own then. Lent memory is only valid until the run ends."""
+        self._delegate_ids(0, "delegate_output_buffer")
+        sink = self._sink
+        if sink is None:
+            return None
+        nbytes = 1
+        for d in shape:
+            nbytes *= int(d)
+        nbytes *= dtype.itemsize
+        lent = sink.lend(nbytes)
+        if lent is None:
+            return None
+        off, raw = lent
+        t = raw.view(dtype).view(tuple(shape))
+        self._lent[t.data_ptr()] = (off, nbytes)
+        return t
 
     def log_delegate_output(self, name_or_id: int | str, value: Any, *, snapshot: bool = True) -> None:
         """Records a backend-internal output (tensor, list of tensors, int, bool, float, str) inside the

@@ -245,3 +245,59 @@ def test_planted_fault_shows_first_at_the_perturbed_op(name, tmp_path):
     assert diffs and diffs[0] == first
     dmap = delegate_calls(low.lowered)[0].meta["lowered_module"].debug_handle_map
     assert set(dmap[diffs[0]]) == expected
+
+
+def _delegate_values_per_run(prog, tmp: str) -> list[dict[str, list[torch.Tensor]]]:
+    from edgetorch.devtools.etdump import DebugBuffer, read_etdump
+
+    dump, dbg = os.path.join(tmp, "d.etdp"), os.path.join(tmp, "d.bin")
+    prog.write_etdump_result_to_file(dump, dbg)
+    buf = DebugBuffer(dbg)
+    runs = []
+    for run in read_etdump(dump).run_data:
+        vals = {}
+        for ev in run.events:
+            d = ev.debug_event
+            if d is not None and d.delegate_debug_id_str and d.delegate_debug_id_str != "observer_effect":
+                vals[d.delegate_debug_id_str] = tensors_of(buf.value(d.debug_entry))
+        if vals:
+            runs.append(vals)
+    return runs
+
+
+def test_intermediates_are_written_in_place_into_a_fixed_debug_buffer(cnn, tmp_path, monkeypatch):
+    from edgetorch.runtime.tracing import BufferSink
+
+    x = cnn.inputs[0]
+    seq = [x, x * 0.5 + 1.0, x]
+    puts = []
+    real_put = BufferSink.put
+    monkeypatch.setattr(BufferSink, "put", lambda self, off, addr, data: (puts.append(off), real_put(self, off, addr,
+                                                                                                        data))[1])
+    fixed = Runtime.get().load_program(cnn.et.buffer, enable_etdump=True, debug_buffer_size=64 << 20)
+    m = fixed.load_method("forward")
+    outs = []
+    for i, inp in enumerate(seq):
+        before = len(puts)
+        outs.append(m.execute(inp))
+        if i:  # after the first run (which learns the shapes) ORT writes the values into the buffer itself
+            assert len(puts) - before <= 2, len(puts) - before
+    (tmp_path / "fixed").mkdir()
+    got = _delegate_values_per_run(fixed, str(tmp_path / "fixed"))
+    auto = Runtime.get().load_program(cnn.et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    ma = auto.load_method("forward")
+    for inp in seq:
+        ma.execute(inp)
+    (tmp_path / "auto").mkdir()
+    want = _delegate_values_per_run(auto, str(tmp_path / "auto"))
+    assert len(got) == len(want) == 3 and len(got[0]) == len(_handle(m).groups)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in g:
+            for a, b in zip(g[k], w[k]):
+                assert rel_err(a, b) <= 1e-6, k
+    # every run kept its own values: run 2 saw other inputs, run 3 the same as run 1
+    last = next(reversed(got[0]))
+    assert rel_err(got[0][last][0], got[2][last][0]) <= 1e-6 and rel_err(got[1][last][0], got[0][last][0]) > 1e-3
+    for o, inp in zip(outs, seq):
+        assert rel_err(o, cnn.model(inp)) <= 1e-5

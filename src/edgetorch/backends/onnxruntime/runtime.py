@@ -45,6 +45,7 @@ import torch
 
 from edgetorch.backends.onnxruntime import _blob
 from edgetorch.formats import etdump as ed
+from edgetorch.runtime._copy import copy_into
 from edgetorch.runtime.backend_registry import register_backend
 
 NAME = "onnxruntime"
@@ -241,12 +242,14 @@ class OrtDelegate:
         return {n: t.detach().contiguous().numpy() for n, t in zip(self.input_names, inputs)}
 
     # -- debug runs ---------------------------------------------------------------------------------
-    def capture_intermediates(self, inputs: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor],
-                                                                           list[torch.Tensor]]:
+    def capture_intermediates(self, inputs: Sequence[torch.Tensor], lend: Any = None,
+                              ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         """Runs the exposing session: returns {value name: tensor} for ``intermediates`` and the final outputs.
 
-        The tensors are buffers the next capture overwrites (the first capture learns their shapes with
-        ``session.run``; later ones bind them with IOBinding so ORT writes into them directly)."""
+        The first capture learns the shapes with ``session.run``; later ones bind outputs with IOBinding so ORT
+        writes them in place: into ``lend(shape, dtype)`` (the tracer's ``delegate_output_buffer``: memory of
+        the debug buffer itself, so logging them copies nothing) when it lends memory, else into buffers of
+        this delegate that the next capture overwrites. Final outputs always go to the delegate's buffers."""
         sess = self.debug_session()
         key = tuple(t.data_ptr() for t in inputs)
         b = self._debug_binding
@@ -256,11 +259,23 @@ class OrtDelegate:
             self._debug_binding = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, bufs)
             self._debug_bufs = bufs
             self._debug_key = key
-        else:
+            outs = bufs
+        elif lend is not None:
+            finals = set(self.output_names)
+            outs = []
+            for name, buf in zip(self._debug_outputs, self._debug_bufs):
+                t = None if name in finals else lend(buf.shape, buf.dtype)
+                outs.append(buf if t is None else t)
+            b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
             for src, dst in b.pre:
-                dst.copy_(src)
+                copy_into(dst, src)
             sess.run_with_iobinding(b.io)
-        by_name = dict(zip(self._debug_outputs, self._debug_bufs))
+        else:
+            outs = self._debug_bufs
+            for src, dst in b.pre:
+                copy_into(dst, src)
+            sess.run_with_iobinding(b.io)
+        by_name = dict(zip(self._debug_outputs, outs))
         finals = [by_name[n] for n in self.output_names]
         return {n: by_name[n] for n in self.intermediates if n in by_name}, finals
 
@@ -370,7 +385,7 @@ class OrtDelegate:
             plain = False
         if not want_values:
             return
-        values, finals = self.capture_intermediates(inputs)
+        values, finals = self.capture_intermediates(inputs, getattr(tracer, "delegate_output_buffer", None))
         if not plain:  # the exposing session's outputs are the run's outputs
             for o, r in zip(outputs, finals):
                 src, dst = _non_overlapping(r, o)
