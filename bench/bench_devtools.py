@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -74,17 +73,22 @@ def debug_vs_plain(b: dict, out: str, runs: int) -> list[str]:
     return lines
 
 
+# peak RSS from /proc/self/status VmHWM (kB): unlike ru_maxrss, it belongs to this process image only (ru_maxrss
+# of a child started by fork+exec also counts the parent's RSS at the fork)
 _INSPECT = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
 from edgetorch.devtools import Inspector
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 out = sys.argv[1]
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss0 = hwm()
 t0 = time.perf_counter()
 insp = Inspector(etdump_path=out + "/etdump.etdp", etrecord=out + "/etrecord.bin", debug_buffer_path=out + "/debug.bin")
 t1 = time.perf_counter()
 df = insp.calculate_numeric_gap("MSE")
 t2 = time.perf_counter()
-rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss1 = hwm()
 print(json.dumps({"construct": t1 - t0, "gap": t2 - t1, "rows": len(df), "peak_rss_kb": rss1,
                   "base_rss_kb": rss0, "coverage": insp.last_gap_coverage.summary()}))
 """
@@ -110,8 +114,6 @@ def main() -> None:
                 model(*inputs)
                 eager.append(time.perf_counter() - t0)
         e = statistics.median(eager)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        del base
         env = dict(os.environ)
         r = subprocess.run([sys.executable, "-c", _INSPECT, out], capture_output=True, text=True, env=env)
         if r.returncode:

@@ -30,6 +30,7 @@ from edgetorch.export.recipe import (
     QuantizationRecipe,
     RecipeType,
 )
+from edgetorch.export.recipes_onnxruntime import OrtRecipeProvider, OrtRecipeType
 from edgetorch.export.recipes_portable import PortableRecipeProvider, PortableRecipeType
 from edgetorch.export.registry import (
     BackendRecipeProvider,
@@ -66,6 +67,8 @@ __all__ = [
     "Mode",
     "PipelineArtifact",
     "PipelineError",
+    "OrtRecipeProvider",
+    "OrtRecipeType",
     "PortableRecipeProvider",
     "PortableRecipeType",
     "QuantizationRecipe",

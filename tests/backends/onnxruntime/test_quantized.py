@@ -5,6 +5,10 @@ creates (and the observer effect of exposing intermediates) is visible."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import onnx
 import onnxruntime as ort
@@ -28,6 +32,7 @@ from tests.backends.onnxruntime._util import (
     traced_delegate_outputs,
 )
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 INTEGER_KERNELS = {"QGemm", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear",
                    "QLinearAdd", "MatMulIntegerToFloat"}
 
@@ -110,3 +115,28 @@ def test_every_quantized_conv_and_linear_runs_as_an_integer_kernel(tmp_path):
     ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
     assert ops.count("QLinearConv") == 3 and "Conv" not in ops and "FusedConv" not in ops, ops
     assert ops.count("QGemm") == 1 and "Gemm" not in ops and "MatMul" not in ops, ops
+
+
+def test_quantize_ops_are_found_after_an_earlier_float_lowering_in_the_same_process():
+    # a fresh process: the float lowering runs before torchao has registered the quantized_decomposed ops
+    script = textwrap.dedent("""
+        import torch
+        from edgetorch.backends.onnxruntime import OrtPartitioner
+        from edgetorch.exir import to_edge
+        from edgetorch.exir.backend import CALL_DELEGATE
+        from edgetorch.models import get_model
+        model, inputs = get_model("small_cnn")
+        to_edge(torch.export.export(model, inputs)).to_backend(OrtPartitioner())
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from edgetorch.export.quantizer import SymmetricInt8Quantizer
+        prepared = prepare_pt2e(torch.export.export(model, inputs).module(), SymmetricInt8Quantizer())
+        prepared(*inputs)
+        q = convert_pt2e(prepared)
+        ep = to_edge(torch.export.export(q, inputs)).to_backend(OrtPartitioner()).exported_program()
+        targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+        print("DELEGATES", sum(t is CALL_DELEGATE for t in targets), "OTHER",
+              sorted({str(t) for t in targets if t is not CALL_DELEGATE and "getitem" not in str(t)}))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "DELEGATES 1 OTHER []" in r.stdout, r.stdout

@@ -8,7 +8,6 @@ rewrites it to a static ``view`` before export (``REWRITTEN``).
 
 from __future__ import annotations
 
-import functools
 import operator
 
 import torch
@@ -65,9 +64,15 @@ KEEP_WHOLE = {
 }
 
 
-@functools.cache
+_QUANTIZE_OPS: frozenset = frozenset()
+
+
 def quantize_ops() -> frozenset:
-    """PT2E quantize/dequantize ops (``quantized_decomposed``), when torchao has registered them."""
+    """PT2E quantize/dequantize ops (``quantized_decomposed``), once torchao has registered them (looked up
+    again until then: a partitioner used before the first quantized export must not hide them for good)."""
+    global _QUANTIZE_OPS
+    if _QUANTIZE_OPS:
+        return _QUANTIZE_OPS
     ops = []
     ns = getattr(torch.ops, "quantized_decomposed", None)
     for name in ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel"):
@@ -77,6 +82,8 @@ def quantize_ops() -> frozenset:
                 ops.append(getattr(packet, ov))
             except (AttributeError, RuntimeError):
                 pass
+    if len({op.name().split("::")[1].split(".")[0] for op in ops}) == 4:  # all four registered
+        _QUANTIZE_OPS = frozenset(ops)
     return frozenset(ops)
 
 

@@ -28,7 +28,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgetorch.backends.onnxruntime import _blob
-from edgetorch.backends.onnxruntime.ops import REWRITTEN, op_name
+from edgetorch.backends.onnxruntime.ops import REWRITTEN, op_name, quantize_ops
 from edgetorch.errors import ExportError
 from edgetorch.exir.backend.backend_details import BackendDetails, PreprocessResult, register_backend_details
 from edgetorch.exir.backend.partitioner import CompileSpec
@@ -69,22 +69,32 @@ def compile_spec_dict(specs: list[CompileSpec] | dict[str, bytes]) -> dict[str, 
 # torch.onnx internals (one registry per process)
 # ----------------------------------------------------------------------------------------------
 
-@functools.cache
 def onnx_registry() -> Any:
-    """The torchlib ONNX registry (building it costs 1-3 s; done once per process)."""
+    """The torchlib ONNX registry (building it costs 1-3 s; done once per process, and once more if torchao
+    registers the ``quantized_decomposed`` ops after it was built: torchlib only translates ops that exist)."""
+    return _registry(bool(quantize_ops()))
+
+
+@functools.cache
+def _registry(with_quantize_ops: bool) -> Any:
     from torch.onnx._internal.exporter import _registration
 
     t0 = time.perf_counter()
     reg = _registration.ONNXRegistry.from_torchlib()
-    log.info("onnxruntime backend: built the torchlib ONNX registry in %.2fs", time.perf_counter() - t0)
+    log.info("onnxruntime backend: built the torchlib ONNX registry in %.2fs (quantize ops: %s)",
+             time.perf_counter() - t0, with_quantize_ops)
     return reg
 
 
-@functools.cache
 def _implemented() -> frozenset:
+    return _implemented_in(bool(quantize_ops()))
+
+
+@functools.cache
+def _implemented_in(with_quantize_ops: bool) -> frozenset:
     from torch.onnx._internal.exporter import _decomp
 
-    return frozenset(_decomp.get_onnx_implemented_overloads(onnx_registry()))
+    return frozenset(_decomp.get_onnx_implemented_overloads(_registry(with_quantize_ops)))
 
 
 def export_problem(node: torch.fx.Node) -> str | None:
