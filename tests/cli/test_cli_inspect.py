@@ -76,3 +76,33 @@ def test_errors(artifacts, dumps, tmp_path):
     et = to_edge_transform_and_lower(torch.export.export(m, (torch.randn(1, 64),)), generate_etrecord=True)
     et.to_executorch().get_etrecord().save(other)
     assert "the ETRecord describes program" in err("--etdump", etdump, "--etrecord", str(other))
+
+
+def test_gap_of_a_quantized_ort_delegate_reports_the_observer_effect(tmp_path):
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgetorch.backends.onnxruntime import OrtPartitioner
+    from edgetorch.export.quantizer import SymmetricInt8Quantizer
+    from edgetorch.models import get_model
+
+    model, inputs = get_model("small_cnn")
+    prepared = prepare_pt2e(torch.export.export(model, inputs).module(), SymmetricInt8Quantizer())
+    prepared(*inputs)
+    q = convert_pt2e(prepared)
+    et = to_edge_transform_and_lower(torch.export.export(q, inputs), partitioner=[OrtPartitioner()],
+                                     generate_etrecord=True).to_executorch()
+    rec = et.get_etrecord()
+    rec.update_representative_inputs(inputs)
+    rec.save(str(tmp_path / "etrecord.bin"))
+    program = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    program.load_method("forward").execute(*inputs)
+    etdump, debug, report = tmp_path / "q.etdp", tmp_path / "q.bin", tmp_path / "q.html"
+    program.write_etdump_result_to_file(etdump, debug)
+    r = cli("inspect", "--etdump", str(etdump), "--etrecord", str(tmp_path / "etrecord.bin"), "--debug-buffer",
+            str(debug), "--gap", "mse", "--report", str(report))
+    assert r.returncode == 0, r.stderr[-3000:]
+    # exposing the Q/DQ values stops ORT fusing them into integer kernels: the CLI and the report say so
+    assert "observer effect" in r.stdout and "(> 1e-06)" in r.stdout, r.stdout[-2000:]
+    assert "ObserverEffectWarning" in r.stderr
+    html = report.read_text()
+    assert "<b>Observer effect</b>" in html and "class='warn'" in html

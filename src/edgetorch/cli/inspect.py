@@ -76,7 +76,8 @@ def observer_effect_line(effect: float) -> str:
     if effect > OBSERVER_EFFECT_TOLERANCE:
         return (f"observer effect {effect:.3g} relative (> {OBSERVER_EFFECT_TOLERANCE:g}): exposing the delegate's "
                 "intermediates changed what it computes; inside-delegate rows show the observed variant")
-    return f"observer effect {effect:.3g} relative: exposing the delegate's intermediates changed nothing"
+    return (f"observer effect {effect:.3g} relative (<= {OBSERVER_EFFECT_TOLERANCE:g}): the delegate computes the "
+            "same with its intermediates exposed")
 
 
 def _ops(v: Any, width: int) -> str:

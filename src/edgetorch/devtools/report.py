@@ -182,7 +182,7 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
             changed = effect > OBSERVER_EFFECT_TOLERANCE
             note = ("exposing the delegate's intermediates changed its final outputs: rows inside the delegate "
                     "show the observed (differently fused) computation" if changed else
-                    "exposing the delegate's intermediates did not change its final outputs")
+                    "exposing the delegate's intermediates left its final outputs within the tolerance")
             out.append(f"<p class='{'warn' if changed else ''}'><b>Observer effect</b>: {effect:.3g} relative "
                        f"(tolerance {OBSERVER_EFFECT_TOLERANCE:g}); {_e(note)}.</p>")
         out.append("<h2>Per-op gaps</h2><table class='sortable'><thead><tr>")
