@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from edgetorch.errors import KernelError, ProgramFormatError, RuntimeInputError
+from edgetorch.errors import DebugBufferOverflowError, KernelError, ProgramFormatError, RuntimeInputError
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
 from edgetorch.runtime._copy import clone, copy_into
@@ -353,6 +353,8 @@ class Method:
         if call is not None:
             try:
                 call()
+            except DebugBufferOverflowError:
+                raise  # the tracer's own error (a delegate logging more than the buffer holds), not the kernel's
             except Exception as e:
                 ins = self._plan.instructions[k]
                 raise self._kernel_error(k, ins, ins.node_name, e) from e

@@ -443,6 +443,12 @@ class _MethodTrace:
                 else:
                     self.program_outs.append(self._out(tracer, len(self.infos), j, vid, name, -1,
                                                        self.out_actions))
+        if log_values:  # what delegates say one traced run of theirs logs is reserved with the rest
+            for info in self.infos:
+                if info.kind == "DELEGATE":
+                    extra = getattr(method._delegate_handles.get(info.index), "debug_buffer_bytes", None)
+                    if isinstance(extra, int) and extra > 0:
+                        self.run_bytes += extra
         needs = self._needs() if log_values else [0] * len(self.infos)
         run = method.run_instruction
         self.steps: list[tuple[int, Callable[[int], None], list, int]] = []
@@ -619,8 +625,9 @@ class ProgramTracer:
 
     def required_debug_buffer_bytes(self, method_name: str) -> int:
         """Bytes one run of ``method_name`` stores in the debug buffer: every output of every non-view
-        instruction, plus the program outputs not among them, each 64-byte aligned. A fixed
-        ``debug_buffer_size`` must be at least runs x this."""
+        instruction, plus the program outputs not among them, plus what its delegates declare they log
+        (``debug_buffer_bytes`` of their handles; known once the method is loaded), each 64-byte aligned. A
+        fixed ``debug_buffer_size`` must be at least runs x this."""
         mt = self._traces.get(method_name)
         if mt is not None:
             return mt.run_bytes

@@ -301,3 +301,20 @@ def test_intermediates_are_written_in_place_into_a_fixed_debug_buffer(cnn, tmp_p
     assert rel_err(got[0][last][0], got[2][last][0]) <= 1e-6 and rel_err(got[1][last][0], got[0][last][0]) > 1e-3
     for o, inp in zip(outs, seq):
         assert rel_err(o, cnn.model(inp)) <= 1e-5
+
+
+def test_the_delegate_declares_its_debug_bytes_so_a_fixed_buffer_is_sized_exactly(cnn):
+    from edgetorch.errors import DebugBufferOverflowError
+
+    probe = Runtime.get().load_program(cnn.et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    probe.load_method("forward")
+    need = probe.tracer.required_debug_buffer_bytes("forward")
+    assert need > 100_000  # the delegate's intermediates, not only the program output
+    prog = Runtime.get().load_program(cnn.et.buffer, enable_etdump=True, debug_buffer_size=2 * need)
+    m = prog.load_method("forward")
+    for run in (1, 2):  # the first run learns shapes through session.run, the second writes in place
+        m.execute(*cnn.inputs)
+        assert prog.tracer.sink.used_bytes == run * need
+    with pytest.raises(DebugBufferOverflowError, match=f"at least {3 * need} bytes"):
+        m.execute(*cnn.inputs)  # refused before anything of the run is stored
+    assert prog.tracer.sink.used_bytes == 2 * need and prog.tracer.num_runs == 2

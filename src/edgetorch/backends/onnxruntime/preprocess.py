@@ -312,12 +312,19 @@ def build_debug_tables(model: Any, work: ExportedProgram) -> dict[str, Any]:
                 by_name += 1
             elif hs:
                 by_meta += 1
+    exposed = {v for _, names, _ in groups for v in names}
+    sizes = [(math.ceil(math.prod(v.shape) * v.dtype.itemsize)
+              if v.dtype is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape) else None)
+             for node in graph for v in node.outputs if v.name in exposed]
+    # what one debug run logs: every exposed value, 64-byte aligned as the debug buffer stores it (None: unknown)
+    debug_bytes = None if None in sizes else sum((n + 63) // 64 * 64 for n in sizes)
     handles = {get_debug_handle(n) for n in work.graph.nodes if n.op == "call_function"} - {None}
     stats = {"onnx_nodes": len(graph), "onnx_values": n_values, "values_named_after_fx_nodes": by_name,
              "values_mapped_by_node_metadata": by_meta, "nodes_mapped": len(node_handles),
              "edge_handles": len(handles), "edge_handles_logged": len(groups)}
     return {"values": {gid: [h] for gid, _, h in groups}, "groups": [[gid, names] for gid, names, _ in groups],
-            "intermediates": [v for _, names, _ in groups for v in names], "nodes": node_handles, "stats": stats}
+            "intermediates": [v for _, names, _ in groups for v in names], "nodes": node_handles, "stats": stats,
+            "debug_bytes": debug_bytes}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -512,7 +519,7 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, 
         "opset": {d: v for d, v in model.opset_imports.items()},
         "inputs": inputs, "outputs": outputs,
         "values": tables["values"], "groups": tables["groups"], "nodes": tables["nodes"],
-        "intermediates": tables["intermediates"], "stats": tables["stats"],
+        "intermediates": tables["intermediates"], "stats": tables["stats"], "debug_bytes": tables["debug_bytes"],
     }
     blob = _blob.pack(header, model_bytes, external)
     log.info("onnxruntime: partition of %d ops exported in %.2fs, packed in %.2fs (%d bytes, %d ONNX nodes)",

@@ -134,6 +134,9 @@ class OrtDelegate:
         self.output_names = [o["name"] for o in self.header["outputs"]]
         self.intermediates: list[str] = list(self.header.get("intermediates", []))
         self.groups: list[tuple[str, list[str]]] = [(g[0], list(g[1])) for g in self.header.get("groups", [])]
+        #: debug-buffer bytes one debug run logs (the tracer reserves them before the run); None: unknown
+        db = self.header.get("debug_bytes")
+        self.debug_buffer_bytes: int | None = int(db) if isinstance(db, int) and db >= 0 else None
         threads = int(self.options["intra_op_num_threads"] or 0)
         self.num_threads = threads if threads > 0 else torch.get_num_threads()
         try:
