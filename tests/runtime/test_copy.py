@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from edgetorch.runtime._copy import clone, copy_into
+from edgetorch.runtime._copy import PARALLEL_MIN_NUMEL, clone, copy_into
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 7), (40, 33, 29)], ids=["small", "memmove"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool,
                                    torch.complex64])
-def test_copy_into_and_clone_match_torch(dtype):
+def test_copy_into_and_clone_match_torch(dtype, shape):
+    assert (math.prod(shape) >= PARALLEL_MIN_NUMEL) == (shape[0] == 40)  # both paths are exercised
     g = torch.Generator().manual_seed(0)
-    src = (torch.randn(3, 5, 7, generator=g) * 10).to(dtype)
-    for s in (src, src.transpose(0, 2).contiguous().transpose(0, 2), src[:, 1:4], src.expand(3, 5, 7),
+    src = (torch.randn(*shape, generator=g) * 10).to(dtype)
+    for s in (src, src.transpose(0, 2).contiguous().transpose(0, 2), src[:, 1:4], src.expand(*shape),
               src[:0]):
         dst = torch.zeros(s.shape, dtype=dtype)
         copy_into(dst, s)

@@ -14,6 +14,9 @@ import ctypes
 import torch
 
 _memmove = ctypes.memmove
+#: torch's parallel grain (``at::internal::GRAIN_SIZE``): smaller copies never start a parallel region, and
+#: torch's own copy is then the quickest call
+PARALLEL_MIN_NUMEL = 32768
 
 
 def _flat_bytes(t: torch.Tensor) -> int:
@@ -22,7 +25,9 @@ def _flat_bytes(t: torch.Tensor) -> int:
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` for tensors of one shape; a ``memmove`` when both are contiguous with one dtype."""
-    if (src.dtype == dst.dtype and src.device.type == "cpu" and dst.device.type == "cpu" and src.shape == dst.shape
+    if src.numel() < PARALLEL_MIN_NUMEL:
+        dst.copy_(src)
+    elif (src.dtype == dst.dtype and src.device.type == "cpu" and dst.device.type == "cpu" and src.shape == dst.shape
             and src.is_contiguous() and dst.is_contiguous() and not (src.is_conj() or src.is_neg())):
         n = _flat_bytes(src)
         if n:
@@ -33,7 +38,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def clone(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``t`` in fresh memory (``memmove`` when ``t`` is contiguous)."""
-    if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
+    if (t.numel() < PARALLEL_MIN_NUMEL or t.device.type != "cpu" or not t.is_contiguous() or t.is_conj()
+            or t.is_neg()):
         return t.clone(memory_format=torch.contiguous_format)
     out = torch.empty(t.shape, dtype=t.dtype)
     n = _flat_bytes(t)
