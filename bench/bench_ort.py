@@ -5,13 +5,15 @@ Usage: python bench/bench_ort.py [--models vit_b_16 resnet18] [--runs N]
 For each model, fully delegated with ``OrtPartitioner()``:
 * lowering time (export -> to_edge_transform_and_lower -> to_executorch), first in the process (the torchlib
   registry is built once per process, ~1-3 s) and again;
-* at 1 thread and the default thread count, alternating, medians: ``Method.execute`` of the lowered program
-  ("edgetorch"), the same model exported whole with ``torch.onnx.export(model, dynamo=True)`` and run with
-  ``InferenceSession.run`` ("ort_direct", same session options: ORT_ENABLE_ALL, intra-op threads = torch's),
-  eager PyTorch, and the delegate called through ``session.run`` instead of IOBinding ("edgetorch_run");
-* a debug run (ETDump + every delegate intermediate in a fixed in-memory debug buffer) vs the plain delegated
-  run, at the default thread count, with the observer-effect check on every run (default) and on the first
-  debug run only (``observer_effect="first"``);
+* at 1 thread and the default thread count, medians: ``Method.execute`` of the lowered program ("edgetorch")
+  alternated with the same model exported whole by ``torch.onnx.export(model, dynamo=True)`` and run with
+  ``InferenceSession.run`` ("ort_direct", same session options: ORT_ENABLE_ALL, intra-op threads = torch's)
+  and with the delegate called through ``session.run`` instead of IOBinding ("edgetorch_run"); then, in a
+  separate alternation, edgetorch against eager PyTorch (eager's OpenMP workers spin after its kernels and
+  would slow whichever ORT run followed);
+* a debug run (ETDump + every delegate intermediate in a fixed in-memory debug buffer, which ORT writes in
+  place) vs the plain delegated run, at the default thread count, with the observer-effect check on every
+  run (default) and on the first debug run only (``observer_effect="first"``);
 * ResNet-18 with relu left to the portable backend (many partitions) with ORT threads spin-waiting or not.
 """
 
