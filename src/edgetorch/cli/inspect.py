@@ -14,12 +14,10 @@ import os
 import sys
 from typing import Any
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FAILED = 0, 2, 3
+from edgetorch.cli._common import CliError, check_output_path, guarded
+
+EXIT_OK = 0  # 2: bad arguments or artifacts, 3: any other failure (edgetorch.cli._common)
 _DISTANCES = ("MSE", "L1", "SNR", "COSINE", "MAX_ABS")
-
-
-class CliError(Exception):
-    """A problem with the arguments or artifacts (exit status 2)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,15 +46,8 @@ def _check_input(path: str | None, flag: str) -> None:
 
 
 def _check_output(path: str | None, flag: str) -> None:
-    if path is None:
-        return
-    from edgetorch.cli.run import CliError as RunCliError
-    from edgetorch.cli.run import _check_output_path
-
-    try:
-        _check_output_path(path, flag)
-    except RunCliError as e:
-        raise CliError(str(e)) from None
+    if path is not None:
+        check_output_path(path, flag)
 
 
 def _num(v: Any) -> str:
@@ -216,19 +207,4 @@ def _main(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the command; prints a one-line ``error: ...`` (no traceback) and returns non-zero on failure."""
-    from edgetorch.cli.run import exit_now
-
-    try:
-        code = _main(args)
-    except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        code = 130
-    except Exception as e:
-        if getattr(args, "verbose", False):
-            raise
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        code = EXIT_FAILED
-    return exit_now(code)
+    return guarded(_main, args)

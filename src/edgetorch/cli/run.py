@@ -16,12 +16,10 @@ import sys
 import time
 from typing import Any
 
-EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT, EXIT_RUN_FAILED = 0, 1, 2, 3
+from edgetorch.cli._common import CliError, check_output_path, guarded
+
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_RUN_FAILED = 0, 1, 3  # 2: bad arguments (edgetorch.cli._common)
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-5  # the reference runner's (hard-coded there) tolerances
-
-
-class CliError(Exception):
-    """A problem with the arguments or input files (exit status 2)."""
 
 
 class RunFailed(Exception):
@@ -83,22 +81,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------------------
-
-def _check_output_path(path: str, flag: str) -> None:
-    """Fails early (before a long run) when ``path`` cannot be written."""
-    if os.path.isdir(path):
-        raise CliError(f"{flag} {path} is a directory")
-    d = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(d):
-        parent = os.path.dirname(d)
-        if parent == d:
-            break
-        d = parent
-    if not os.path.isdir(d):
-        raise CliError(f"cannot write {flag} {path}: {d} is not a directory")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise CliError(f"cannot write {flag} {path}: directory {d} is not writable")
-
 
 def _resolve_method(names: list[str], requested: str | None, what: str) -> str:
     if requested is not None:
@@ -303,9 +285,9 @@ def _main(args: argparse.Namespace) -> int:
     dump_level = "intermediates" if args.dump_intermediate_outputs else "outputs" if args.dump_outputs else None
     etdump_path = args.etdump_path or ("etdump.etdp" if dump_level else None)
     if etdump_path:
-        _check_output_path(etdump_path, "--etdump_path")
+        check_output_path(etdump_path, "--etdump_path")
     if dump_level:
-        _check_output_path(args.debug_output_path, "--debug_output_path")
+        check_output_path(args.debug_output_path, "--debug_output_path")
         if os.path.abspath(args.debug_output_path) == os.path.abspath(etdump_path):
             raise CliError("--etdump_path and --debug_output_path name the same file")
 
@@ -455,46 +437,6 @@ def _main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _fast_exit_allowed() -> bool:
-    """True when this process is the ``edgetorch`` command itself (console script or ``python -m edgetorch``),
-    not a Python program that called ``main()``; ``EDGETORCH_NO_FAST_EXIT=1`` turns it off."""
-    if os.environ.get("EDGETORCH_NO_FAST_EXIT"):
-        return False
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name == "edgetorch.__main__":
-        return True
-    return os.path.splitext(os.path.basename(sys.argv[0] or ""))[0] == "edgetorch"
-
-
-def exit_now(code: int) -> int:
-    """Ends the ``edgetorch`` process right away once everything is written: interpreter teardown after
-    importing torch takes longer than a small model's run. Returns ``code`` when called in-process."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if _fast_exit_allowed():
-        import logging
-
-        logging.shutdown()
-        os._exit(code)
-    return code
-
-
 def run(args: argparse.Namespace) -> int:
     """Runs the command; prints a one-line ``error: ...`` (no traceback) and returns non-zero on failure."""
-    try:
-        code = _main(args)
-    except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = EXIT_BAD_INPUT
-    except RunFailed as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = EXIT_RUN_FAILED
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        code = 130
-    except Exception as e:  # every other failure: one line, no traceback (-v shows it)
-        if getattr(args, "verbose", False):
-            raise
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        code = EXIT_RUN_FAILED
-    return exit_now(code)
+    return guarded(_main, args, {RunFailed: EXIT_RUN_FAILED})

@@ -1,0 +1,84 @@
+"""What every ``edgetorch`` subcommand shares: the argument error, the early output-path check, the guarded
+entry point (one ``error: ...`` line and an exit status instead of a traceback) and the fast process exit.
+
+Imports nothing but the standard library: ``edgetorch run`` must stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+EXIT_BAD_INPUT, EXIT_FAILED = 2, 3
+
+
+class CliError(Exception):
+    """A problem with the arguments or input files (exit status 2)."""
+
+
+def check_output_path(path: str, flag: str) -> None:
+    """Fails early (before a long run) when ``path`` cannot be written."""
+    if os.path.isdir(path):
+        raise CliError(f"{flag} {path} is a directory")
+    d = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(d):
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    if not os.path.isdir(d):
+        raise CliError(f"cannot write {flag} {path}: {d} is not a directory")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise CliError(f"cannot write {flag} {path}: directory {d} is not writable")
+
+
+def _fast_exit_allowed() -> bool:
+    """True when this process is the ``edgetorch`` command itself (console script or ``python -m edgetorch``),
+    not a Python program that called ``main()``; ``EDGETORCH_NO_FAST_EXIT=1`` turns it off."""
+    if os.environ.get("EDGETORCH_NO_FAST_EXIT"):
+        return False
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "edgetorch.__main__":
+        return True
+    return os.path.splitext(os.path.basename(sys.argv[0] or ""))[0] == "edgetorch"
+
+
+def exit_now(code: int) -> int:
+    """Ends the ``edgetorch`` process right away once everything is written: interpreter teardown after
+    importing torch takes longer than a small model's run. Returns ``code`` when called in-process."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _fast_exit_allowed():
+        import logging
+
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
+def guarded(main: Callable[[argparse.Namespace], int], args: argparse.Namespace,
+            failures: dict[type[BaseException], int] | None = None) -> int:
+    """Runs ``main(args)``: a ``CliError`` prints ``error: ...`` and gives exit status 2, an exception listed in
+    ``failures`` its status, an interrupt 130, any other exception one line and status 3 (``-v`` re-raises it,
+    traceback and all); then ends the process through ``exit_now``."""
+    try:
+        code = main(args)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        code = 130
+    except Exception as e:
+        status = next((s for t, s in (failures or {}).items() if isinstance(e, t)), None)
+        if status is not None:
+            print(f"error: {e}", file=sys.stderr)
+            code = status
+        else:
+            if getattr(args, "verbose", False):
+                raise
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            code = EXIT_FAILED
+    return exit_now(code)
