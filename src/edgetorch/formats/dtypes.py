@@ -1,4 +1,5 @@
-"""Scalar-type codes shared by every format (numbered like c10::ScalarType) and their torch dtypes."""
+"""Scalar-type codes shared by every format (numbered like c10::ScalarType), their torch dtypes, and the
+row-major strides the formats store tensors with."""
 
 from __future__ import annotations
 
@@ -40,3 +41,12 @@ def storage_nbytes(sizes, strides, storage_offset: int, itemsize: int) -> int:
         return 0
     last = storage_offset + sum((s - 1) * st for s, st in zip(sizes, strides))
     return (last + 1) * itemsize
+
+
+def contiguous_strides(sizes: list[int] | tuple[int, ...]) -> list[int]:
+    """Row-major element strides of a tensor of ``sizes`` (size-0/1 dimensions count as 1, as torch does)."""
+    strides, acc = [0] * len(sizes), 1
+    for i in range(len(sizes) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(sizes[i], 1)
+    return strides

@@ -31,7 +31,7 @@ from edgetorch._fileio import atomic_write
 from edgetorch.errors import DebugBufferOverflowError, EdgeTorchError
 from edgetorch.formats import etdump as ed
 from edgetorch.formats import program as pf
-from edgetorch.formats.dtypes import code_dtype, dtype_code
+from edgetorch.formats.dtypes import code_dtype, contiguous_strides, dtype_code
 from edgetorch.runtime._copy import clone
 
 ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
@@ -43,14 +43,6 @@ ASYNC_MIN_BYTES = 2 << 20  # runs storing less copy inline, without a writer thr
 
 def _aligned(n: int) -> int:
     return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
-
-
-def _contiguous_strides(sizes: list[int]) -> list[int]:
-    strides, acc = [0] * len(sizes), 1
-    for i in range(len(sizes) - 1, -1, -1):
-        strides[i] = acc
-        acc *= max(sizes[i], 1)
-    return strides
 
 
 def _raw_bytes(t: torch.Tensor) -> memoryview:
@@ -463,7 +455,7 @@ class _MethodTrace:
         if isinstance(v, pf.TensorDef) and v.placement in _STATIC_PLACEMENTS and isinstance(cur, torch.Tensor):
             sizes = list(cur.shape)
             nbytes = cur.numel() * cur.element_size()
-            o = _Out(j, vid, name, False, ed.Tensor(dtype_code(cur.dtype), sizes, _contiguous_strides(sizes),
+            o = _Out(j, vid, name, False, ed.Tensor(dtype_code(cur.dtype), sizes, contiguous_strides(sizes),
                                                      ed.NO_OFFSET, nbytes))
             if nbytes:
                 o.slot = self.num_slots
@@ -755,14 +747,14 @@ class ProgramTracer:
         lent = self._lent.get(t.data_ptr()) if not snapshot and nbytes else None
         if lent is not None and lent[1] == nbytes and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
             # written in place by the delegate into memory this tracer lent it: nothing to copy
-            return ed.Tensor(dtype_code(t.dtype), sizes, _contiguous_strides(sizes), lent[0], nbytes)
+            return ed.Tensor(dtype_code(t.dtype), sizes, contiguous_strides(sizes), lent[0], nbytes)
         if snapshot or not t.is_contiguous() or t.is_conj() or t.is_neg():
             t = clone(t)
         off = ed.NO_OFFSET
         if nbytes:
             off = self._sink.alloc(nbytes)
             self._writer.q.put((off, t.data_ptr(), _raw_bytes(t), t, 0))
-        return ed.Tensor(dtype_code(t.dtype), sizes, _contiguous_strides(sizes), off, nbytes)
+        return ed.Tensor(dtype_code(t.dtype), sizes, contiguous_strides(sizes), off, nbytes)
 
     def _value(self, v: Any, snapshot: bool = True) -> ed.Value:
         if isinstance(v, torch.Tensor):

@@ -17,7 +17,7 @@ import torch
 
 from edgetorch.errors import ETDumpFormatError
 from edgetorch.formats import etdump as ed
-from edgetorch.formats.dtypes import CODE_TO_DTYPE
+from edgetorch.formats.dtypes import CODE_TO_DTYPE, contiguous_strides
 
 
 def read_etdump(path: str | os.PathLike) -> ed.ETDump:
@@ -83,7 +83,7 @@ class DebugBuffer:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only bytes object
             flat = torch.frombuffer(self._buf, dtype=dtype, count=numel, offset=t.offset)
-        if not t.strides or list(t.strides) == _contiguous_strides(t.sizes):
+        if not t.strides or list(t.strides) == contiguous_strides(t.sizes):
             return flat.view(t.sizes)
         if len(t.strides) != len(t.sizes) or any(s < 0 for s in t.strides) or \
                 sum((n - 1) * s for n, s in zip(t.sizes, t.strides)) >= numel:
@@ -149,9 +149,3 @@ class DebugBuffer:
         return f"DebugBuffer({self.path or 'bytes'!r}, {self.size} bytes)"
 
 
-def _contiguous_strides(sizes: list[int]) -> list[int]:
-    strides, acc = [0] * len(sizes), 1
-    for i in range(len(sizes) - 1, -1, -1):
-        strides[i] = acc
-        acc *= max(sizes[i], 1)
-    return strides

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from edgetorch.formats.dtypes import contiguous_strides
+
 ALIGNMENT = 64
 
 _DTYPE_NAMES = (
@@ -50,12 +52,6 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _contiguous_strides(shape: list[int]) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return strides[::-1]
 
 
 def is_dense(shape: list[int], strides: list[int]) -> bool:
@@ -96,7 +92,7 @@ class TensorBlobWriter:
         shape = [int(s) for s in t.shape]
         strides = [int(s) for s in t.stride()]
         if not is_dense(shape, strides):  # expanded / sliced views: stored as their contiguous copy
-            strides = _contiguous_strides(shape)
+            strides = contiguous_strides(shape)
         data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         pad = (-self.nbytes) % ALIGNMENT
         if pad:
@@ -194,7 +190,7 @@ def _finish(flat: torch.Tensor, dtype: torch.dtype, shape: list[int], strides: l
     if dtype == torch.bool and int(flat.max()) > 1:
         raise TensorDataError(f"{what}: bool tensor holds bytes other than 0 and 1")
     t = flat.view(dtype).reshape(shape)
-    if strides != _contiguous_strides(shape):
+    if strides != contiguous_strides(shape):
         out = torch.empty_strided(shape, strides, dtype=dtype)
         out.copy_(t)
         t = out
