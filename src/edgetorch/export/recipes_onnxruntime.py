@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from edgetorch.errors import RecipeError
-from edgetorch.export.recipe import ExportRecipe, LoweringRecipe, QuantizationRecipe, RecipeType
+from edgetorch.export.recipe import ExportRecipe, LoweringRecipe, RecipeType
+from edgetorch.export.recipes_portable import int8_quantization_recipe
 from edgetorch.export.registry import BackendRecipeProvider, register_backend_recipe_provider
 
 __all__ = ["OrtRecipeProvider", "OrtRecipeType"]
@@ -76,15 +77,8 @@ class OrtRecipeProvider(BackendRecipeProvider):
             return None
         quant = None
         if recipe_type != OrtRecipeType.FP32:
-            from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
-
             per_channel, dynamic = _INT8[recipe_type]
-            try:
-                config = SymmetricQuantizationConfig(per_channel, dynamic,
-                                                     kwargs.pop("activation_observer", "minmax"))
-            except ValueError as e:
-                raise RecipeError(str(e)) from None
-            quant = QuantizationRecipe(quantizers=[SymmetricInt8Quantizer(config)])
+            quant = int8_quantization_recipe(per_channel, dynamic, kwargs.pop("activation_observer", "minmax"))
         lowering = LoweringRecipe(partitioners=[_partitioner(recipe_type, kwargs)])
         return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME, quantization_recipe=quant,
                             lowering_recipe=lowering)

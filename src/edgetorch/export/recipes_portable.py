@@ -57,15 +57,22 @@ class PortableRecipeProvider(BackendRecipeProvider):
         unknown = set(kwargs) - {"activation_observer"}
         if unknown:
             raise RecipeError(f"{recipe_type.name} accepts only activation_observer=, got {sorted(unknown)}")
-        from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
-
         per_channel, dynamic = _INT8[recipe_type]
-        try:
-            config = SymmetricQuantizationConfig(per_channel, dynamic, kwargs.get("activation_observer", "minmax"))
-        except ValueError as e:
-            raise RecipeError(str(e)) from None
-        return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME,
-                            quantization_recipe=QuantizationRecipe(quantizers=[SymmetricInt8Quantizer(config)]))
+        return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME, quantization_recipe=int8_quantization_recipe(
+            per_channel, dynamic, kwargs.get("activation_observer", "minmax")))
+
+
+def int8_quantization_recipe(per_channel: bool, dynamic: bool, activation_observer: str = "minmax",
+                             ) -> QuantizationRecipe:
+    """The PT2E INT8 quantization of the INT8 recipes (``SymmetricInt8Quantizer``); bad settings raise
+    ``RecipeError``."""
+    from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
+
+    try:
+        config = SymmetricQuantizationConfig(per_channel, dynamic, activation_observer)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
+    return QuantizationRecipe(quantizers=[SymmetricInt8Quantizer(config)])
 
 
 register_backend_recipe_provider(PortableRecipeProvider())

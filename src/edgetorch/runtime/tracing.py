@@ -744,11 +744,12 @@ class ProgramTracer:
             t = t.cpu()
         sizes = list(t.shape)
         nbytes = t.numel() * t.element_size()
-        lent = self._lent.get(t.data_ptr()) if not snapshot and nbytes else None
-        if lent is not None and lent[1] == nbytes and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+        plain = t.is_contiguous() and not (t.is_conj() or t.is_neg())  # its storage bytes are its values
+        lent = self._lent.get(t.data_ptr()) if plain and not snapshot and nbytes else None
+        if lent is not None and lent[1] == nbytes:
             # written in place by the delegate into memory this tracer lent it: nothing to copy
             return ed.Tensor(dtype_code(t.dtype), sizes, contiguous_strides(sizes), lent[0], nbytes)
-        if snapshot or not t.is_contiguous() or t.is_conj() or t.is_neg():
+        if snapshot or not plain:
             t = clone(t)
         off = ed.NO_OFFSET
         if nbytes:

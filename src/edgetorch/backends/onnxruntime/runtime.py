@@ -263,18 +263,14 @@ class OrtDelegate:
             self._debug_bufs = bufs
             self._debug_key = key
             outs = bufs
-        elif lend is not None:
-            finals = set(self.output_names)
-            outs = []
-            for name, buf in zip(self._debug_outputs, self._debug_bufs):
-                t = None if name in finals else lend(buf.shape, buf.dtype)
-                outs.append(buf if t is None else t)
-            b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
-            for src, dst in b.pre:
-                copy_into(dst, src)
-            sess.run_with_iobinding(b.io)
         else:
             outs = self._debug_bufs
+            if lend is not None:  # a binding for this run: intermediates into the lent debug-buffer memory
+                finals = set(self.output_names)
+                lent = [None if n in finals else lend(buf.shape, buf.dtype)
+                        for n, buf in zip(self._debug_outputs, outs)]
+                outs = [buf if t is None else t for buf, t in zip(outs, lent)]
+                b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
             for src, dst in b.pre:
                 copy_into(dst, src)
             sess.run_with_iobinding(b.io)
