@@ -110,6 +110,17 @@ def _annotate(n: Node, inputs: dict, output: object = None) -> None:
     n.meta[_ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
 
 
+def _annotate_with_activation(n: Node, inputs: dict, act: QuantizationSpec) -> None:
+    """Annotates ``n``'s inputs; its output is quantized, or, when a relu/hardtanh follows and is fused, the
+    activation's output instead."""
+    relu = _fused_activation(n)
+    if relu is None:
+        _annotate(n, inputs, act)
+    else:
+        _annotate(n, inputs)
+        _annotate(relu, {}, act)
+
+
 class SymmetricInt8Quantizer(Quantizer):
     """PT2E quantizer: ``prepare_pt2e(torch.export.export(m, args).module(), SymmetricInt8Quantizer(config))``.
 
@@ -152,23 +163,13 @@ class SymmetricInt8Quantizer(Quantizer):
         if self.config.dynamic:  # dynamic: quantize the input at run time, keep the output float
             _annotate(n, inputs)
             return
-        relu = _fused_activation(n)
-        if relu is None:
-            _annotate(n, inputs, act)
-        else:
-            _annotate(n, inputs)
-            _annotate(relu, {}, act)
+        _annotate_with_activation(n, inputs, act)
 
     def _annotate_add(self, n: Node, act: QuantizationSpec) -> None:
         inputs = {a: act for a in n.args[:2] if _is_float_tensor(a)}
         if not inputs or not _is_float_tensor(n):
             return
-        relu = _fused_activation(n)
-        if relu is None:
-            _annotate(n, inputs, act)
-        else:
-            _annotate(n, inputs)
-            _annotate(relu, {}, act)
+        _annotate_with_activation(n, inputs, act)
 
     def validate(self, model: GraphModule) -> None:
         """Nothing to check: every annotation this quantizer makes is one the portable kernels run."""
