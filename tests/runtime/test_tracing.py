@@ -381,6 +381,8 @@ def test_delegate_events_attach_to_the_delegate_call(delegated, tmp_path):
     assert same_bits(out, Runtime.get().load_program(data).load_method("forward").execute(x))
     with pytest.raises(EdgeTorchError, match="DELEGATE_CALL"):
         p.tracer.log_delegate_profile(0, 0, 1)
+    with pytest.raises(EdgeTorchError, match="delegate_output_buffer may only be called .* DELEGATE_CALL"):
+        p.tracer.delegate_output_buffer([2, 8], torch.float32)
     p.write_etdump_result_to_file(tmp_path / "d.etdp", tmp_path / "d.bin")
     (run,) = execute_blocks(read_etdump(tmp_path / "d.etdp"))
     buf = DebugBuffer(tmp_path / "d.bin")
@@ -481,3 +483,29 @@ def test_buffer_sink_padding_reads_as_zeros_after_a_rewind():
     data = bytes(sink.getvalue())
     assert off == 0 and len(data) == ed.DEBUG_BUFFER_ALIGNMENT
     assert data[:3] == bytes([7, 7, 7]) and data[3:] == bytes(len(data) - 3)  # ... but the padding is zeroed
+
+
+def test_a_delegate_logging_past_a_fixed_buffer_fails_with_the_size_needed_and_leaves_nothing(delegated):
+    """Delegate values are only known during the run: one that overflows a fixed buffer mid-run raises
+    DebugBufferOverflowError itself (not a KernelError) and the run is rolled back."""
+    data, x = delegated
+    p = Runtime.get().load_program(data, enable_etdump=True, debug_buffer_size=1 << 16)
+    m = p.load_method("forward")
+    m.execute(x)
+    used = p.tracer.sink.used_bytes
+    real = _BACKEND.execute
+
+    def big(handle, inputs, outputs, tracer=None):
+        real(handle, inputs, outputs, tracer)
+        if tracer is not None:
+            tracer.log_delegate_output("big", torch.zeros(1 << 15))  # 128 KiB: more than the buffer holds
+
+    _BACKEND.execute = big
+    try:
+        with pytest.raises(DebugBufferOverflowError, match="an output logged during a run of method 'forward'.*"
+                                                           "a buffer of at least") as err:
+            m.execute(x)
+    finally:
+        del _BACKEND.execute
+    assert err.value.needed_bytes > 1 << 16
+    assert p.tracer.num_runs == 1 and p.tracer.sink.used_bytes == used
