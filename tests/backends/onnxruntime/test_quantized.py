@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import onnx
 import onnxruntime as ort
@@ -20,6 +21,7 @@ from edgetorch.backends.onnxruntime import _blob
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate
 from edgetorch.devtools import Inspector
 from edgetorch.errors import ObserverEffectWarning
+from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
 from edgetorch.export.quantizer import SymmetricInt8Quantizer
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
@@ -94,15 +96,22 @@ def test_inspector_reports_the_observer_effect_of_fused_integer_kernels(tmp_path
     out = method.execute(*inputs)
     dump, dbg = tmp_path / "q.etdp", tmp_path / "q.bin"
     prog.write_etdump_result_to_file(dump, dbg)
-    # independently: the exposing session's final outputs against the plain run's
+    # independently, on this machine: the exposing session's final outputs against the plain run's. Whether
+    # exposing the Q/DQ values stops ORT fusing them into integer kernels depends on the CPU (VNNI/AVX-512
+    # kernels), so the expectation is computed here and both outcomes are checked
     h = OrtDelegate(delegate_calls(low.lowered)[0].meta["lowered_module"].processed_bytes, {})
     _, finals = h.capture_intermediates([inputs[0].clone()])
     expected = rel_err(finals[0], out)
-    assert expected > 1e-6  # exposing the Q/DQ values stops ORT fusing them into integer kernels
-    with pytest.warns(ObserverEffectWarning, match="instruction 0"):
+    exceeds = expected > OBSERVER_EFFECT_TOLERANCE
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         insp = Inspector(etdump_path=dump, debug_buffer_path=dbg)
-    assert insp.observer_effect == pytest.approx(expected, rel=1e-6)
-    assert [oe.exceeds_tolerance for oe in insp.observer_effects] == [True]
+    effect_warnings = [w for w in seen if issubclass(w.category, ObserverEffectWarning)]
+    assert len(effect_warnings) == int(exceeds)
+    if exceeds:
+        assert "instruction 0" in str(effect_warnings[0].message)
+    assert insp.observer_effect == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert [oe.exceeds_tolerance for oe in insp.observer_effects] == [exceeds]
 
 
 def test_every_quantized_conv_and_linear_runs_as_an_integer_kernel(tmp_path):
