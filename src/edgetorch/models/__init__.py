@@ -20,6 +20,21 @@ from dataclasses import dataclass
 import torch
 
 from .cnn import SmallCNN, build_small_cnn, small_cnn_example_inputs
+from .llama import (
+    LLAMA_1B,
+    LLAMA_100M,
+    LLAMA_TINY,
+    Llama,
+    LlamaConfig,
+    build_llama,
+    build_llama_1b,
+    build_llama_100m,
+    build_llama_tiny,
+    export_llama,
+    llama_dynamic_shapes,
+    llama_example_inputs,
+    llama_method_inputs,
+)
 from .mlp import MLP, build_mlp, mlp_example_inputs
 from .mobilenet import MobileNetV2, build_mobilenet_v2, mobilenet_v2_example_inputs
 from .multi_output import MultiOutput, build_multi_output, multi_output_example_inputs
@@ -39,6 +54,11 @@ from .vit import (
 )
 
 __all__ = [
+    "LLAMA_100M",
+    "LLAMA_1B",
+    "LLAMA_TINY",
+    "Llama",
+    "LlamaConfig",
     "MLP",
     "MobileNetV2",
     "ModelSpec",
@@ -48,9 +68,13 @@ __all__ = [
     "TransformerEncoder",
     "TwoMethod",
     "VisionTransformer",
+    "build_llama",
+    "export_llama",
     "get_model",
     "get_spec",
     "list_models",
+    "llama_dynamic_shapes",
+    "llama_method_inputs",
     "method_module",
 ]
 
@@ -149,6 +173,29 @@ _SPECS: tuple[ModelSpec, ...] = (
         two_method_example_inputs,
         "autoencoder with methods forward(x) = decode(encode(x)) and encode(x); "
         "input (1, 32)",
+    ),
+    ModelSpec(
+        "llama_tiny",
+        build_llama_tiny,
+        functools.partial(llama_example_inputs, LLAMA_TINY),
+        "Llama-style decoder (RMSNorm, RoPE, GQA 4/2 heads, SwiGLU) dim 64, 2 layers, vocab 256, "
+        "static KV cache buffers (max_seq_len 64); inputs (1, 8) int64 tokens, (8,) int64 positions",
+    ),
+    ModelSpec(
+        "llama_100m",
+        build_llama_100m,
+        functools.partial(llama_example_inputs, LLAMA_100M),
+        "Llama-style decoder ~124.7M params: dim 768, 12 layers, 12/4 heads, hidden 2048, vocab 32000, "
+        "KV cache 256; inputs (1, 8) int64 tokens, (8,) int64 positions",
+        slow=True,
+    ),
+    ModelSpec(
+        "llama_1b",
+        build_llama_1b,
+        functools.partial(llama_example_inputs, LLAMA_1B),
+        "Llama-style decoder ~1.10B params: dim 2048, 16 layers, 32/8 heads, hidden 8192, vocab 32000, "
+        "KV cache 256; inputs (1, 8) int64 tokens, (8,) int64 positions",
+        slow=True,
     ),
 )
 

@@ -137,3 +137,22 @@ def decode_only_generate(
         return torch.cat(rows, dim=1)
 
     return greedy_generate_with_logits(prefill_by_steps, step, prompt, max_new_tokens, max_seq_len=max_seq_len)
+
+
+def unlifted_methods(programs: dict[str, torch.export.ExportedProgram]) -> dict[str, torch.nn.Module]:
+    """``ep.module()`` per method, with buffers shared across the methods.
+
+    Every method's module gets the *same* buffer tensors (by name) as the first
+    one, so a cache mutated by ``prefill`` is seen by ``decode``: the eager
+    stand-in for a runtime program whose methods share mutable state.
+    """
+    modules = {name: ep.module() for name, ep in programs.items()}
+    shared: dict[str, torch.Tensor] = {}
+    for module in modules.values():
+        for name, buf in list(module.named_buffers()):
+            if name not in shared:
+                shared[name] = buf
+                continue
+            owner, _, leaf = name.rpartition(".")
+            module.get_submodule(owner)._buffers[leaf] = shared[name]
+    return modules
