@@ -5,12 +5,15 @@ stacks), the emitter's side tables (instruction id -> debug handle(s), delegate 
 the .pte content hash, and optional representative inputs / reference outputs. Files are a zip of JSON and raw
 tensor bytes (see docs/formats_etrecord.md); reading one never unpickles anything. Parsing is lazy: programs
 are deserialized on first access, while ``reference_graph(method)`` and ``handle_table(method)`` load from
-compact entries in milliseconds, with weights mapped from the file.
+compact entries in milliseconds, with weights mapped from the file. Containers of types other than the plain
+ones (a Hugging Face ``ModelOutput``, a dataclass, a namedtuple) are stored by name and read back as
+``ForeignContainer`` tuples, so a record loads in a process that never imports the library that defined them.
 """
 
 from edgetorch.devtools.etrecord._archive import FORMAT_VERSION, MARKER
 from edgetorch.devtools.etrecord._etrecord import ETRecord, generate_etrecord, parse_etrecord
 from edgetorch.devtools.etrecord._reference import NodeInfo
+from edgetorch.devtools.etrecord._tensors import ForeignContainer
 from edgetorch.errors import ETRecordError, ETRecordFormatError
 
 __all__ = [
@@ -18,6 +21,7 @@ __all__ = [
     "ETRecordError",
     "ETRecordFormatError",
     "FORMAT_VERSION",
+    "ForeignContainer",
     "MARKER",
     "NodeInfo",
     "generate_etrecord",

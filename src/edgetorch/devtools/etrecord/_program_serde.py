@@ -12,6 +12,8 @@ checked first (``check_graph_json``) and the rebuilt graph again afterwards (``c
 from __future__ import annotations
 
 import ast
+import copy
+import dataclasses
 import json
 import logging
 import operator
@@ -29,6 +31,7 @@ from edgetorch.devtools.etrecord._tensors import (
     check_treespec,
     decode_tree,
     encode_tree,
+    portable_spec,
 )
 
 log = logging.getLogger(__name__)
@@ -43,9 +46,11 @@ def _serde() -> Any:
 
 # --- checks on the graph JSON -----------------------------------------------------------------------------
 
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _TARGET_RE = re.compile(
-    r"^(?:torch\.ops(?:\.[A-Za-z_][A-Za-z0-9_]*){2,3}"  # torch.ops.<ns>.<op>[.<overload>]
-    r"|_operator\.[a-z_]+|math\.[a-z_0-9]+|torch\.(?:sym_[a-z_]+|_sym_sqrt))$")
+    rf"^(?:torch\.ops\.(?P<ns>{_IDENT})\.(?P<op>{_IDENT})(?:\.(?P<overload>{_IDENT}))?"  # torch.ops.<ns>.<op>[.<ov>]
+    r"|_operator\.[a-z_]+|math\.[a-z_0-9]+|torch\.(?:sym_[a-z_]+|_sym_[a-z0-9_]+))$")
+_DUNDER_OP_RE = re.compile(r"^__[a-z][a-z0-9]*(?:_[a-z0-9]+)*__$")  # aten::__and__, aten::__irshift__, ...
 _SYMBOL_RE = re.compile(r"^(?:s|u|zf|zuf|ps)\d+$")
 _FLOAT_STR_RE = re.compile(r"^-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)$", re.IGNORECASE)
 # sympy classes printed by srepr (torch writes expr_str with srepr) and torch.utils._sympy.functions
@@ -146,12 +151,29 @@ def check_sym_expr(expr: Any) -> None:
 
 
 def check_target(target: Any) -> None:
-    if not isinstance(target, str) or "__" in target or not _TARGET_RE.match(target):
+    """A node target torch's deserializer may look up (it walks ``getattr`` from the ``torch`` / ``operator`` /
+    ``math`` module): ``torch.ops.<ns>.<op>[.<overload>]``, ``_operator.*``, ``math.*``, ``torch.sym_*``. A
+    double underscore is allowed only as a whole ATen Python-operator name (``torch.ops.aten.__and__.Tensor``)
+    that is not an attribute of the op namespace class, so the walk can only reach an operator."""
+    m = _TARGET_RE.match(target) if isinstance(target, str) else None
+    ok = m is not None and (m.group("ns") is None or _op_path_ok(m.group("ns"), m.group("op"), m.group("overload")))
+    if not ok or (m.group("ns") is None and "__" in target):
         raise ProgramDataError(f"node target {str(target)[:120]!r} is not an operator")
 
 
-def check_graph_json(doc: Any) -> None:
-    """Walks the whole serialized program: node targets, symbolic expressions and treespecs."""
+def _op_path_ok(ns: str, op: str, overload: str | None) -> bool:
+    if "__" in ns or (overload is not None and "__" in overload):
+        return False
+    if "__" in op:
+        return bool(_DUNDER_OP_RE.match(op)) and not hasattr(torch._ops._OpNamespace, op)
+    return True
+
+
+def check_graph_json(doc: Any) -> bool:
+    """Walks the whole serialized program: node targets, symbolic expressions and treespecs. Treespec nodes of
+    types outside the plain containers are rewritten in place as ``ForeignContainer`` nodes (``check_treespec``);
+    returns True when something was rewritten (the caller must then hand torch the re-encoded document)."""
+    changed = False
     if not isinstance(doc, dict) or not isinstance(doc.get("graph_module"), dict):
         raise ProgramDataError("not a serialized ExportedProgram (no 'graph_module')")
     stack: list[Any] = [doc]
@@ -165,13 +187,17 @@ def check_graph_json(doc: Any) -> None:
                     check_sym_expr(v)
                 elif k in ("in_spec", "out_spec") and v is not None:
                     try:
-                        check_treespec(v, k)
+                        safe = check_treespec(v, k)
                     except TensorDataError as e:
                         raise ProgramDataError(str(e)) from None
+                    if safe is not v:
+                        x[k] = safe
+                        changed = True
                 elif isinstance(v, (dict, list)):
                     stack.append(v)
         elif isinstance(x, list):
             stack.extend(v for v in x if isinstance(v, (dict, list)))
+    return changed
 
 
 def _allowed_callable(t: Any) -> bool:
@@ -207,6 +233,30 @@ def _encode_tensor_dict(d: dict[str, Any], blobs: TensorBlobWriter, what: str) -
     return out
 
 
+def _portable_call_graph(ep: ExportedProgram) -> ExportedProgram:
+    """``ep``, or a shallow copy whose module call graph has ``portable_spec`` treespecs: input/output
+    containers that torch cannot serialize by name (a structseq, a namedtuple or dataclass registered without
+    a serialized name) are stored as ``ForeignContainer`` nodes naming their type."""
+    entries = list(ep.module_call_graph)
+    new = []
+    for e in entries:
+        sig = e.signature
+        if sig is None:
+            new.append(e)
+            continue
+        ins = portable_spec(sig.in_spec) if sig.in_spec is not None else None
+        outs = portable_spec(sig.out_spec) if sig.out_spec is not None else None
+        if ins is sig.in_spec and outs is sig.out_spec:
+            new.append(e)
+        else:
+            new.append(dataclasses.replace(e, signature=dataclasses.replace(sig, in_spec=ins, out_spec=outs)))
+    if all(a is b for a, b in zip(new, entries, strict=True)):
+        return ep
+    out = copy.copy(ep)
+    out._module_call_graph = new
+    return out
+
+
 def serialize_program(ep: ExportedProgram, what: str, blobs: TensorBlobWriter) -> tuple[bytes, bytes]:
     """Returns (graph JSON, tensor index JSON); tensors go to ``blobs``. Raises ``UnsupportedValueError`` /
     ``ProgramDataError`` with a message naming ``what`` when the program cannot be stored."""
@@ -221,7 +271,7 @@ def serialize_program(ep: ExportedProgram, what: str, blobs: TensorBlobWriter) -
         except UnsupportedValueError as e:
             log.warning("ETRecord: example inputs of %s not stored: %s", what, e)
     try:
-        art = _serde().serialize(ep, serialize_state_dict=False, serialize_constants=False,
+        art = _serde().serialize(_portable_call_graph(ep), serialize_state_dict=False, serialize_constants=False,
                               serialize_example_inputs=False)
     except Exception as e:
         raise ProgramDataError(f"{what}: torch.export cannot serialize this program "
@@ -253,7 +303,8 @@ def deserialize_program(graph_json: bytes, index_json: bytes, reader: TensorRead
     g_name, i_name = names
     try:
         doc = json.loads(graph_json)
-        check_graph_json(doc)
+        if check_graph_json(doc):
+            graph_json = json.dumps(doc, separators=(",", ":")).encode()
     except (ValueError, RecursionError) as e:
         raise ProgramDataError(f"{e}", g_name) from None
     try:

@@ -14,9 +14,11 @@ in milliseconds:
   lowering) that carry it, in graph order.
 
 Loading never evaluates or imports a string from the file: a node target is ``"<namespace>::<op>.<overload>"``
-looked up as ``getattr(getattr(torch.ops, namespace), op)`` then the overload, for a fixed set of
-namespaces, and the result must be an ``OpOverload``; the only other callables are a fixed table of
-functions of the ``operator`` module. Arguments are JSON (node references, None, bool, int, float, str,
+looked up through the namespace's own operator lookup (so ``aten::__and__.Tensor`` resolves, while a name like
+``__class__`` never reaches a Python attribute), for a fixed set of namespaces, and the result must be an
+``OpOverload``; the only other callables are a fixed table (``CALLABLES``) of functions of ``operator``
+(``"operator::getitem"``, ``"operator::and_"``, ...), ``torch.sym_*`` (``"torch::sym_max"``) and ``math``
+(``"math::ceil"``): the arithmetic of symbolic shapes. Arguments are JSON (node references, None, bool, int, float, str,
 lists, tuples, dtypes, devices, layouts, memory formats); anything else is refused.
 """
 
@@ -48,16 +50,26 @@ _LAZY_NAMESPACE_MODULES = {
     "torchao": "torchao.quantization.quant_primitives",
     "edgetorch": "edgetorch.exir.backend.lowered",
 }
-#: the functions of ``operator`` a stored target may name (getitem, and the arithmetic of symbolic shapes)
-OPERATORS: dict[str, Callable[..., Any]] = {
-    "getitem": operator.getitem, "add": operator.add, "sub": operator.sub, "mul": operator.mul,
-    "floordiv": operator.floordiv, "truediv": operator.truediv, "mod": operator.mod, "neg": operator.neg,
-    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
-    "ge": operator.ge,
+#: the Python callables a stored target may name: ``operator::<name>`` (getitem and the arithmetic, bitwise and
+#: comparison functions of symbolic shapes), ``torch::<name>`` (``torch.sym_*``) and ``math::<name>``. A fixed
+#: table: a name from the file is only ever a key into it.
+CALLABLES: dict[str, Callable[..., Any]] = {
+    **{f"operator::{n}": getattr(operator, n) for n in (
+        "getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
+        "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift", "truth")},
+    **{f"torch::{n}": getattr(torch, n) for n in (
+        "sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt", "sym_sum", "_sym_sqrt",
+        "_sym_cos", "_sym_sin", "_sym_tan", "_sym_cosh", "_sym_sinh", "_sym_tanh", "_sym_acos", "_sym_asin",
+        "_sym_atan", "_sym_log2") if callable(getattr(torch, n, None))},
+    **{f"math::{n}": getattr(math, n) for n in ("ceil", "floor", "trunc", "sqrt", "log2", "exp")},
 }
-_OPERATOR_NAME = {id(f): k for k, f in OPERATORS.items()}
+#: kept for callers of the previous table: ``{name: function}`` of the ``operator`` entries
+OPERATORS: dict[str, Callable[..., Any]] = {k.split("::", 1)[1]: f for k, f in CALLABLES.items()
+                                            if k.startswith("operator::")}
+_CALLABLE_NAME = {id(f): k for k, f in CALLABLES.items()}
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,199}"
-_TARGET_RE = re.compile(rf"^({'|'.join(NAMESPACES)})::({_IDENT})\.({_IDENT})$")
+_DUNDER = r"__[a-z][a-z0-9]*(?:_[a-z0-9]+)*__"  # ATen's Python-operator ops: aten::__and__, aten::__ilshift__
+_TARGET_RE = re.compile(rf"^({'|'.join(NAMESPACES)})::({_IDENT}|{_DUNDER})\.({_IDENT})$")
 _NAME_RE = re.compile(rf"^{_IDENT}$")
 _DEVICE_RE = re.compile(r"^(?:cpu|cuda|meta|mps|xpu|hpu|privateuseone)(?::[0-9]{1,4})?$")
 _LAYOUTS: dict[str, torch.layout] = {
@@ -112,19 +124,32 @@ def target_name(t: Any) -> str:
             raise UnsupportedValueError(f"operator {s} cannot be stored (namespaces: {', '.join(NAMESPACES)})")
         return s
     try:
-        k = _OPERATOR_NAME.get(id(t))
+        k = _CALLABLE_NAME.get(id(t))
     except TypeError:
         k = None
-    if k is not None and OPERATORS[k] is t:
-        return f"operator::{k}"
-    raise UnsupportedValueError(f"call target {t!r} is neither an OpOverload nor an allowed operator function")
+    if k is not None and CALLABLES[k] is t:
+        return k
+    raise UnsupportedValueError(f"call target {t!r} is neither an OpOverload nor an allowed Python callable "
+                                f"(operator, torch.sym_*, math)")
 
 
 _RESOLVED: dict[str, Callable[..., Any]] = {}
+_DUNDER_RE = re.compile(rf"^{_DUNDER}$")
+
+
+def _dunder_op(op: str) -> bool:
+    """An ATen Python-operator name (``__and__``), never an attribute of the op namespace class itself."""
+    return bool(_DUNDER_RE.match(op)) and not hasattr(torch._ops._OpNamespace, op)
 
 
 def _lookup(ns: str, op: str, overload: str) -> Any:
-    packet = getattr(getattr(torch.ops, ns), op)
+    """``torch.ops.<ns>.<op>.<overload>`` without ordinary attribute lookup on the namespace: a packet it already
+    holds, else the namespace's operator lookup itself (``_OpNamespace.__getattr__``, which only finds registered
+    operators), so a name like ``__class__`` or ``__init__`` can never reach a Python attribute."""
+    space = getattr(torch.ops, ns)
+    packet = vars(space).get(op)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        packet = type(space).__getattr__(space, op)
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         return None
     return getattr(packet, overload)
@@ -136,15 +161,13 @@ def resolve_target(s: Any) -> Callable[..., Any]:
         return _RESOLVED[s]
     if not isinstance(s, str) or len(s) > 512:
         raise GraphDataError(f"node target {str(s)[:80]!r} is not a string")
-    if s.startswith("operator::"):
-        f = OPERATORS.get(s[len("operator::"):])
-        if f is None:
-            raise GraphDataError(f"node target {s[:120]!r} is not an allowed operator function")
-        return f
+    if s in CALLABLES:
+        return CALLABLES[s]
     m = _TARGET_RE.match(s)
-    if m is None or "__" in s:
-        raise GraphDataError(f"node target {s[:120]!r} is not '<namespace>::<op>.<overload>' with a namespace "
-                             f"among {', '.join(NAMESPACES)}")
+    if m is None or "__" in m.group(1) + m.group(3) or ("__" in m.group(2) and not _dunder_op(m.group(2))):
+        raise GraphDataError(f"node target {s[:120]!r} is not an allowed operator: neither "
+                             f"'<namespace>::<op>.<overload>' with a namespace among {', '.join(NAMESPACES)} nor one "
+                             "of the Python callables of symbolic shapes")
     ns, op, overload = m.groups()
     found = None
     try:
@@ -165,10 +188,14 @@ def resolve_target(s: Any) -> Callable[..., Any]:
 
 # --- arguments -------------------------------------------------------------------------------------------
 
-def encode_arg(x: Any, depth: int = 0) -> Any:
+def encode_arg(x: Any, depth: int = 0, rename: dict[torch.fx.Node, Any] | None = None) -> Any:
+    """The JSON of one node argument; ``rename`` gives the JSON of nodes stored under another form (the nodes
+    of an inlined submodule)."""
     if depth > _MAX_DEPTH:
         raise UnsupportedValueError(f"argument nested deeper than {_MAX_DEPTH}")
     if isinstance(x, torch.fx.Node):
+        if rename is not None and x in rename:
+            return rename[x]
         return {"node": x.name}
     if x is None or isinstance(x, (bool, str)):
         return x
@@ -177,9 +204,9 @@ def encode_arg(x: Any, depth: int = 0) -> Any:
     if isinstance(x, float):
         return float(x) if math.isfinite(x) else {"float": repr(float(x))}
     if isinstance(x, list):
-        return [encode_arg(v, depth + 1) for v in x]
+        return [encode_arg(v, depth + 1, rename) for v in x]
     if isinstance(x, tuple):
-        return {"tuple": [encode_arg(v, depth + 1) for v in x]}
+        return {"tuple": [encode_arg(v, depth + 1, rename) for v in x]}
     if isinstance(x, torch.dtype) and x in _NAME_OF:
         return {"dtype": _NAME_OF[x]}
     if isinstance(x, torch.device):
@@ -353,6 +380,98 @@ def _valid_attr_name(name: str, taken: set[str]) -> bool:
             and not keyword.iskeyword(name) and name not in _RESERVED_ATTRS and name not in taken)
 
 
+def _inline_operands(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple] | None:
+    """(submodule get_attr node, operands) of a higher-order op the reference graph stores inlined: ops that only
+    set the grad mode (the reference runs without grad anyway) or *disable* autocast, which change no value."""
+    t, a = node.target, node.args
+    name = getattr(t, "__name__", None) if isinstance(t, torch._ops.HigherOrderOperator) else None
+    if name == "wrap_with_set_grad_enabled" and len(a) >= 2:
+        sub, ops = a[1], a[2:]
+    elif name == "wrap_with_autocast" and len(a) >= 5 and a[2] is False:
+        sub, ops = a[4], a[5:]
+    else:
+        return None
+    return (sub, tuple(ops)) if isinstance(sub, torch.fx.Node) and sub.op == "get_attr" and not node.kwargs else None
+
+
+class _CallEncoder:
+    """Writes ``call_function`` nodes; inlines the submodules of ``_inline_operands`` higher-order ops (their op
+    nodes take fresh names and the higher-order node's ``meta["custom"]`` (debug handle), its stack trace and
+    module stack where they have none, and the getitems of its result index the tuple of its outputs)."""
+
+    def __init__(self, root: torch.nn.Module, nodes: list[dict[str, Any]], names: set[str], traces: _Table,
+                 stacks: _Table) -> None:
+        self.root, self.nodes, self.names, self.traces, self.stacks = root, nodes, names, traces, stacks
+        self.top: dict[torch.fx.Node, Any] = {}  # top-level nodes stored in another form (inlined results)
+
+    def inlined_only(self, node: torch.fx.Node) -> bool:
+        return bool(node.users) and all(_inline_operands(u) is not None and _inline_operands(u)[0] is node
+                                        for u in node.users)
+
+    def _meta(self, node: torch.fx.Node, outer: torch.fx.Node | None) -> dict[str, Any]:
+        src = outer.meta if outer is not None else {}
+        custom = node.meta.get("custom") or src.get("custom")
+        meta: dict[str, Any] = {}
+        if custom is not None:
+            if not isinstance(custom, dict) or not _json_ok(custom):
+                raise UnsupportedValueError(f"node {node.name!r}: meta['custom'] is not a JSON object")
+            meta["custom"] = json.loads(json.dumps(custom, allow_nan=False))
+        trace = node.meta.get("stack_trace") or src.get("stack_trace")
+        meta["stack_trace"] = self.traces.add(trace if isinstance(trace, str) else None)
+        meta["nn_module_stack"] = self.stacks.add(_module_stack_json(node.meta.get("nn_module_stack")
+                                                                     or src.get("nn_module_stack")))
+        meta["val"] = _val_json(node.meta.get("val"))
+        return meta
+
+    def _fresh(self, base: str) -> str:
+        name = base if _NAME_RE.match(base) and base not in self.names else next(
+            f"{base[:150]}_{i}" for i in range(1, 10**9) if f"{base[:150]}_{i}" not in self.names)
+        self.names.add(name)
+        return name
+
+    def call(self, node: torch.fx.Node, name: str, rename: dict[torch.fx.Node, Any] | None,
+             outer: torch.fx.Node | None, depth: int = 0) -> None:
+        """Appends ``node`` (stored as ``name``), or the inlined body of a higher-order op."""
+        inl = _inline_operands(node)
+        if inl is not None:
+            self._inline(node, inl, rename, depth)
+            return
+        try:
+            args = [encode_arg(a, rename=rename) for a in node.args]
+            kwargs = {k: encode_arg(v, rename=rename) for k, v in node.kwargs.items()}
+            target = target_name(node.target)
+        except UnsupportedValueError as e:
+            raise UnsupportedValueError(f"node {node.name!r}: {e}") from None
+        self.nodes.append({"op": "call_function", "name": name, "target": target, "args": args, "kwargs": kwargs,
+                           "meta": self._meta(node, outer)})
+
+    def _inline(self, node: torch.fx.Node, inl: tuple[torch.fx.Node, tuple], rename: dict[torch.fx.Node, Any] | None,
+                depth: int) -> None:
+        sub_node, operands = inl
+        sub = getattr(self.root, str(sub_node.target), None)
+        if not isinstance(sub, torch.fx.GraphModule) or depth > 8:
+            raise UnsupportedValueError(f"node {node.name!r}: higher-order op without an inlinable submodule")
+        inner: dict[torch.fx.Node, Any] = {}
+        phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        if len(phs) != len(operands):
+            raise UnsupportedValueError(f"node {node.name!r}: {len(operands)} operands for {len(phs)} inputs")
+        for ph, a in zip(phs, operands, strict=True):
+            inner[ph] = encode_arg(a, rename=rename)
+        saved, self.root = self.root, sub
+        try:
+            for n in sub.graph.nodes:
+                if n.op == "call_function":
+                    fresh = self._fresh(f"{node.name}_{n.name}")
+                    inner[n] = {"node": fresh}
+                    self.call(n, fresh, inner, node, depth + 1)
+                elif n.op == "output":
+                    (self.top if rename is None else rename)[node] = encode_arg(n.args[0], rename=inner)
+                elif n.op != "placeholder" and not (n.op == "get_attr" and self.inlined_only(n)):
+                    raise UnsupportedValueError(f"node {node.name!r}: its submodule holds a {n.op} node")
+        finally:
+            self.root = saved
+
+
 def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, str], Any]) -> dict[str, Any]:
     """The reference-graph document of an ATen ``ExportedProgram``; ``add_tensor(tensor, what)`` gives the
     JSON stored for each attribute tensor. Raises ``UnsupportedValueError`` for a program it cannot express
@@ -364,6 +483,7 @@ def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, s
     attrs: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
     names = {n.name for n in ep.graph.nodes}
+    enc = _CallEncoder(ep.graph_module, nodes, names, traces, stacks)
     attr_names: set[str] = set()
     node_of_target: dict[str, str] = {}  # buffer FQN / user input name -> node name
     specs = iter(sig.input_specs)
@@ -393,23 +513,7 @@ def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, s
             nodes.append({"op": "get_attr", "name": node.name, "target": attr})
             node_of_target[spec.target] = node.name
         elif node.op == "call_function":
-            custom = node.meta.get("custom")
-            meta: dict[str, Any] = {}
-            if custom is not None:
-                if not isinstance(custom, dict) or not _json_ok(custom):
-                    raise UnsupportedValueError(f"node {node.name!r}: meta['custom'] is not a JSON object")
-                meta["custom"] = json.loads(json.dumps(custom, allow_nan=False))
-            meta["stack_trace"] = traces.add(node.meta.get("stack_trace") if isinstance(
-                node.meta.get("stack_trace"), str) else None)
-            meta["nn_module_stack"] = stacks.add(_module_stack_json(node.meta.get("nn_module_stack")))
-            meta["val"] = _val_json(node.meta.get("val"))
-            try:
-                args = [encode_arg(a) for a in node.args]
-                kwargs = {k: encode_arg(v) for k, v in node.kwargs.items()}
-            except UnsupportedValueError as e:
-                raise UnsupportedValueError(f"node {node.name!r}: {e}") from None
-            nodes.append({"op": "call_function", "name": node.name, "target": target_name(node.target),
-                          "args": args, "kwargs": kwargs, "meta": meta})
+            enc.call(node, node.name, enc.top, None)
         elif node.op == "output":
             outs = node.args[0]
             outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -426,9 +530,12 @@ def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, s
                 name = next(f"copy__{j}" for j in range(10**9) if f"copy__{j}" not in names)
                 names.add(name)
                 nodes.append({"op": "call_function", "name": name, "target": "aten::copy_.default",
-                              "args": [{"node": node_of_target[spec.target]}, encode_arg(o)], "kwargs": {},
+                              "args": [{"node": node_of_target[spec.target]}, encode_arg(o, rename=enc.top)],
+                              "kwargs": {},
                               "meta": {"stack_trace": None, "nn_module_stack": None, "val": None}})
-            nodes.append({"op": "output", "name": node.name, "args": [encode_arg(tuple(user))]})
+            nodes.append({"op": "output", "name": node.name, "args": [encode_arg(tuple(user), rename=enc.top)]})
+        elif node.op == "get_attr" and enc.inlined_only(node):
+            continue  # a submodule of higher-order ops that are inlined
         else:
             raise UnsupportedValueError(f"node {node.name!r} is a {node.op}; only flat graphs of operators can "
                                         "be stored")
@@ -494,7 +601,10 @@ def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torc
                 raise GraphDataError(f"node {name!r}: get_attr of an unknown attribute")
             node = graph.create_node("get_attr", nd["target"], name=name)
         elif op == "call_function" and set(nd) == {"op", "name", "target", "args", "kwargs", "meta"}:
-            target = resolve_target(nd["target"])
+            try:
+                target = resolve_target(nd["target"])
+            except GraphDataError as e:
+                raise GraphDataError(f"node {name!r}: {e}") from None
             args, kwargs, meta = nd["args"], nd["kwargs"], nd["meta"]
             if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(
                     isinstance(k, str) and _NAME_RE.match(k) for k in kwargs):

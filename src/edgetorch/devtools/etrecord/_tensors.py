@@ -3,11 +3,14 @@
 Tensors are written as raw little-endian bytes into one blob (each start aligned to 64 bytes) and described by
 a JSON record ``{"dtype", "shape", "strides", "offset", "nbytes"}``. Nested containers of tensors and scalars
 (inputs, outputs, example inputs) are stored as a JSON treespec (``torch.utils._pytree.treespec_dumps``) plus a
-list of encoded leaves. Every field read back is validated before any tensor is built.
+list of encoded leaves; a container of any other type than the plain ones (a Hugging Face ``ModelOutput``, a
+dataclass, a namedtuple or structseq) is stored by name as a ``ForeignContainer`` node and read back as one,
+never imported. Every field read back is validated before any tensor is built.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import sys
@@ -212,9 +215,141 @@ def read_tensor(rec: Any, blob: bytes | memoryview, what: str) -> torch.Tensor:
     return _build(blob, *check_record(rec, len(blob), what), what)
 
 
-def check_treespec(spec: Any, what: str) -> None:
-    """Refuses a serialized treespec that would make ``treespec_loads`` import modules or look up objects by
-    name (enum contexts, defaultdict factories) or that names an unregistered node type."""
+class ForeignContainer(tuple):
+    """A container whose type is stored by name only (a ``ModelOutput``, a dataclass, a namedtuple or structseq
+    this process does not know, any other pytree node type): a tuple of its children carrying ``type_name`` (the
+    type's serialized or qualified name) and ``context`` (its pytree context as a JSON string, or None).
+    Informational: nothing named in it is ever imported or looked up; ``pytree.tree_leaves`` flattens it."""
+
+    type_name: str
+    context: str | None
+
+    def __new__(cls, items: Any = (), type_name: str = "", context: str | None = None) -> ForeignContainer:
+        obj = super().__new__(cls, items)
+        obj.type_name = type_name
+        obj.context = context
+        return obj
+
+    def __repr__(self) -> str:
+        return f"{self.type_name}{tuple.__repr__(self)}"
+
+    def __reduce__(self) -> tuple:
+        return ForeignContainer, (tuple(self), self.type_name, self.context)
+
+
+FOREIGN_TYPE = "edgetorch.etrecord.ForeignContainer"
+_MAX_FOREIGN_CHARS = 65536
+
+
+def _foreign_context(dumped: Any) -> tuple[str, str | None]:
+    """The context of a stored ``ForeignContainer`` node: JSON ``[type name, context JSON string | null]``."""
+    try:
+        ctx = json.loads(dumped) if isinstance(dumped, str) and len(dumped) <= _MAX_FOREIGN_CHARS else None
+    except (ValueError, RecursionError):
+        ctx = None
+    if not (isinstance(ctx, list) and len(ctx) == 2 and isinstance(ctx[0], str) and (ctx[1] is None or isinstance(
+            ctx[1], str))):
+        raise TensorDataError(f"{FOREIGN_TYPE} context must be JSON [type name, context string | null]")
+    return ctx[0], ctx[1]
+
+
+pytree.register_pytree_node(
+    ForeignContainer,
+    lambda x: (list(x), (x.type_name, x.context)),
+    lambda values, ctx: ForeignContainer(values, *ctx),
+    serialized_type_name=FOREIGN_TYPE,
+    to_dumpable_context=lambda ctx: json.dumps(list(ctx)),
+    from_dumpable_context=_foreign_context,
+    flatten_with_keys_fn=lambda x: ([(pytree.SequenceKey(i), v) for i, v in enumerate(x)], (x.type_name, x.context)),
+)
+
+
+def _node_dump(spec: pytree.TreeSpec) -> dict[str, Any] | None:
+    """torch's JSON of one container node (its children as leaves), or None when torch cannot write it."""
+    one = pytree.TreeSpec(spec.type, spec.context, [pytree.treespec_leaf()] * spec.num_children)
+    try:
+        node = json.loads(pytree.treespec_dumps(one))[1]
+    except Exception:  # unregistered name, context JSON cannot hold, structseq without a name
+        return None
+    return node
+
+
+def _type_name(spec: pytree.TreeSpec) -> str:
+    typ = spec.context if spec.type is collections.namedtuple else spec.type
+    entry = pytree.SUPPORTED_SERIALIZED_TYPES.get(typ)
+    name = getattr(entry, "serialized_type_name", None)
+    if isinstance(name, str) and name != pytree.NO_SERIALIZED_TYPE_NAME_FOUND:
+        return name
+    return f"{getattr(typ, '__module__', '?')}.{getattr(typ, '__qualname__', typ)}"
+
+
+def portable_spec(spec: pytree.TreeSpec) -> pytree.TreeSpec:
+    """``spec`` with every node ``check_treespec`` would not rebuild as is (any type outside the plain containers,
+    a context holding enums) replaced by a ``ForeignContainer`` node naming the type; plain specs come back
+    unchanged (the same object)."""
+    if spec.is_leaf():
+        return spec
+    old = spec.children()
+    children = [portable_spec(c) for c in old]
+    node = _node_dump(spec) if spec.type is not ForeignContainer else {"type": FOREIGN_TYPE}
+    if node is not None and (node["type"] == FOREIGN_TYPE or _plain_node_quiet(node)):
+        if all(c is o for c, o in zip(children, old, strict=True)):
+            return spec
+        return pytree.TreeSpec(spec.type, spec.context, children)
+    ctx = node["context"] if node is not None else None
+    return pytree.TreeSpec(ForeignContainer, (_type_name(spec), ctx if isinstance(ctx, str) else None), children)
+
+
+def _plain_node(node: dict[str, Any]) -> bool:
+    """True for a plain container node ``treespec_loads`` may rebuild; raises ``TensorDataError`` for a plain
+    container whose context is not JSON or holds an enum reference (which torch would import)."""
+    typ, ctx = node.get("type"), node.get("context")
+    if typ == "collections.namedtuple":
+        return isinstance(ctx, str) and _is_registered_namedtuple(ctx)
+    if typ not in _SAFE_TREESPEC_TYPES or typ not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
+        return False
+    if not isinstance(ctx, str):
+        raise TensorDataError("treespec context must be a JSON string")
+    try:
+        todo = [json.loads(ctx)]
+    except (ValueError, RecursionError):
+        raise TensorDataError("treespec context is not JSON") from None
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            if "__enum__" in x:
+                raise TensorDataError("treespec context holds an enum reference")
+            todo.extend(x.values())
+        elif isinstance(x, list):
+            todo.extend(x)
+    return True
+
+
+def _plain_node_quiet(node: dict[str, Any]) -> bool:
+    try:
+        return _plain_node(node)
+    except TensorDataError:  # an enum context: stored by name instead
+        return False
+
+
+def _is_registered_namedtuple(name: str) -> bool:
+    typ = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
+    return isinstance(typ, type) and issubclass(typ, tuple) and hasattr(typ, "_fields")
+
+
+def _checked_plain(node: dict[str, Any], what: str) -> bool:
+    try:
+        return _plain_node(node)
+    except TensorDataError as e:
+        raise TensorDataError(f"{what}: {e}") from None
+
+
+def check_treespec(spec: Any, what: str) -> str:
+    """Validates a serialized treespec and returns the form ``treespec_loads`` may read: every node whose type
+    is not a plain container (tuple, list, dict, OrderedDict, deque, torch.Size, the fx immutable containers, a
+    namedtuple registered in this process) becomes a ``ForeignContainer`` node naming it, so nothing is ever
+    imported or looked up by a name from the file (enum contexts, defaultdict factories, ``ModelOutput``
+    classes). Raises ``TensorDataError`` for a malformed spec."""
     if not isinstance(spec, str):
         raise TensorDataError(f"{what}: treespec must be a string")
     try:
@@ -223,6 +358,7 @@ def check_treespec(spec: Any, what: str) -> None:
         raise TensorDataError(f"{what}: treespec is not JSON ({e})") from None
     if not (isinstance(loaded, list) and len(loaded) == 2 and loaded[0] == 1):
         raise TensorDataError(f"{what}: treespec must be [1, schema]")
+    changed = False
     stack = [(loaded[1], 0)]
     while stack:
         node, depth = stack.pop()
@@ -237,28 +373,19 @@ def check_treespec(spec: Any, what: str) -> None:
             if ctx is not None or children:
                 raise TensorDataError(f"{what}: malformed treespec leaf")
             continue
-        if typ not in _SAFE_TREESPEC_TYPES or typ not in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-            raise TensorDataError(f"{what}: treespec node type {typ!r} is not allowed")
-        if typ == "collections.namedtuple":
-            if not isinstance(ctx, str):
-                raise TensorDataError(f"{what}: namedtuple treespec context must be a type name")
-        else:
-            if not isinstance(ctx, str):
-                raise TensorDataError(f"{what}: treespec context must be a JSON string")
+        if not isinstance(typ, str) or len(typ) > 1024:
+            raise TensorDataError(f"{what}: treespec node type must be a string")
+        if typ == FOREIGN_TYPE:
             try:
-                parsed = json.loads(ctx)
-            except (ValueError, RecursionError):
-                raise TensorDataError(f"{what}: treespec context is not JSON") from None
-            todo = [parsed]
-            while todo:
-                x = todo.pop()
-                if isinstance(x, dict):
-                    if "__enum__" in x:
-                        raise TensorDataError(f"{what}: treespec context holds an enum reference")
-                    todo.extend(x.values())
-                elif isinstance(x, list):
-                    todo.extend(x)
+                _foreign_context(ctx)
+            except TensorDataError as e:
+                raise TensorDataError(f"{what}: {e}") from None
+        elif not _checked_plain(node, what):
+            node["type"] = FOREIGN_TYPE
+            node["context"] = json.dumps([typ, ctx if isinstance(ctx, str) else None])
+            changed = True
         stack.extend((c, depth + 1) for c in children)
+    return json.dumps(loaded) if changed else spec
 
 
 def _encode_leaf(leaf: Any, blobs: TensorBlobWriter, what: str) -> dict[str, Any]:
@@ -275,7 +402,7 @@ def encode_tree(obj: Any, blobs: TensorBlobWriter, what: str) -> dict[str, Any]:
     """``{"spec": treespec JSON, "leaves": [{"tensor": record} | {"value": scalar} | {"float": "nan"}]}``."""
     leaves, spec = pytree.tree_flatten(obj)
     try:
-        spec_str = pytree.treespec_dumps(spec)
+        spec_str = pytree.treespec_dumps(portable_spec(spec))
     except (TypeError, NotImplementedError) as e:
         raise UnsupportedValueError(f"{what}: container structure cannot be serialized: {e}") from None
     return {"spec": spec_str, "leaves": [_encode_leaf(x, blobs, f"{what}[{i}]") for i, x in enumerate(leaves)]}
@@ -298,9 +425,9 @@ def decode_tree(enc: Any, reader: TensorReader, what: str) -> Any:
     """Inverse of ``encode_tree``; the treespec is checked by ``check_treespec`` before it is loaded."""
     if not isinstance(enc, dict) or set(enc) != {"spec", "leaves"} or not isinstance(enc["leaves"], list):
         raise TensorDataError(f"{what}: malformed tree (needs 'spec' and 'leaves')")
-    check_treespec(enc["spec"], what)
+    spec_str = check_treespec(enc["spec"], what)
     try:
-        spec = pytree.treespec_loads(enc["spec"])
+        spec = pytree.treespec_loads(spec_str)
     except Exception as e:
         raise TensorDataError(f"{what}: bad treespec ({type(e).__name__}: {e})") from None
     leaves = [_decode_leaf(x, reader, f"{what}[{i}]") for i, x in enumerate(enc["leaves"])]
