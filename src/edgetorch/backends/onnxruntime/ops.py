@@ -3,7 +3,8 @@ and ONNX Runtime's CPU provider runs, each with the tensor dtypes it accepts.
 
 Every op listed here is exercised by ``tests/backends/onnxruntime/test_ops.py`` (lowered alone or in a small
 graph and compared with eager PyTorch). ``squeeze.dims`` has no ONNX translation in torch 2.13; the backend
-rewrites it to a static ``view`` before export (``REWRITTEN``).
+rewrites it before export (``REWRITTEN``). Sizes of dynamic shapes (``SYM_OPS``) travel with the partitions
+that read them.
 """
 
 from __future__ import annotations
@@ -49,12 +50,19 @@ ANY_DTYPE_OPS: frozenset = frozenset({
 #: ops without a torch.onnx translation that the backend rewrites before export
 REWRITTEN: frozenset = frozenset({aten.squeeze.dims})
 
-#: view-like ops: a partition made only of these (plus getitem) is not worth a delegate call
+#: ops computing a size (a SymInt of a dynamic shape) that ONNX translates (Shape/Gather and integer math); a
+#: partition reading such a size gets its own copy of the computation (see ``OrtPartitioner``)
+SYM_OPS: frozenset = frozenset({
+    aten.sym_size.int, operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
+    torch.sym_max, torch.sym_min,
+})
+
+#: view-like ops: a partition made only of these (plus getitem and sizes) is not worth a delegate call
 NON_COMPUTE_OPS: frozenset = frozenset({
     aten.view.default, aten.permute.default, aten.expand.default,
     aten.slice.Tensor, aten.select.int, aten.squeeze.dims, aten.unsqueeze.default,
     aten.alias.default, aten.clone.default, operator.getitem,
-})
+}) | SYM_OPS
 
 #: composite ops the partitioner can ask to keep whole (``OrtPartitioner(keep_whole=...)``)
 KEEP_WHOLE = {

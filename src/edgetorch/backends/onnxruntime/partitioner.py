@@ -1,10 +1,22 @@
 """``OrtPartitioner``: tags maximal convex groups of edge nodes that ONNX Runtime can run.
 
 A node is a candidate when its op is in the backend's whitelist (``ops.py``) or ``extra_ops``, its tensors
-have static shapes and supported dtypes, and it is not excluded by op, node name or module path. With
-``fallback_unsupported=True`` each candidate is also checked against torch.onnx's translation registry, and
-nodes without a translation stay on the portable backend (see ``rejected``). Candidates are grouped by
-torch's ``CapabilityBasedPartitioner`` (partitions are convex); groups made only of view-like ops are dropped.
+have supported dtypes and static or input-dependent (bounded dynamic) shapes, and it is not excluded by op,
+node name or module path. With ``fallback_unsupported=True`` each candidate is also checked against
+torch.onnx's translation registry, and nodes without a translation stay on the portable backend (see
+``rejected``). Candidates are grouped by torch's ``CapabilityBasedPartitioner`` (partitions are convex); groups
+made only of view-like ops are dropped.
+
+Two rewrites of the graph it is given (``to_backend`` hands the partitioner a private copy) keep partitions
+self-contained:
+
+* **sizes**: a node computing a size of a dynamic shape (``aten.sym_size.int`` and integer math on it,
+  ``ops.SYM_OPS``) is copied into every partition that reads it, and once more for readers outside, so a
+  delegate takes only tensors and returns only tensors (ONNX computes the size with ``Shape``).
+* **mutable buffers**: a buffer the program mutates (``buffers_to_mutate``, e.g. a KV cache updated with
+  ``index_copy_``) is read by a partition through an ``aten.alias`` left to the portable backend (a view:
+  no copy), so lowering passes it as a runtime input instead of baking its initial value into the delegate.
+  The node computing a buffer's (or a mutated user input's) new value is never delegated.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -60,6 +73,114 @@ def _module_paths(node: torch.fx.Node) -> list[str]:
         if isinstance(path, str):
             out.append(path)
     return out
+
+
+def _is_size(x: object) -> bool:
+    """A node computing a size (an int/SymInt) with an op of ``ops.SYM_OPS``."""
+    if not isinstance(x, torch.fx.Node) or x.op != "call_function" or x.target not in _ops.SYM_OPS:
+        return False
+    v = x.meta.get("val")
+    return isinstance(v, (torch.SymInt, int)) and not isinstance(v, bool)
+
+
+def _dims_problem(v: torch.Tensor, ranges: dict) -> str | None:
+    """Why the shape of ``v`` cannot cross or live in a partition (None: static, or every dynamic dim is a
+    function of the program's input sizes, whose ranges ``range_constraints`` holds)."""
+    for d, size in enumerate(v.shape):
+        if isinstance(size, int):
+            continue
+        expr = getattr(getattr(size, "node", None), "expr", None)
+        if expr is None:
+            return f"dynamic shape: dim {d} has no symbolic size"
+        unknown = sorted(str(f) for f in expr.free_symbols if f not in ranges)
+        if unknown:
+            return f"dynamic shape: dim {d} ({expr}) depends on data ({', '.join(unknown)} is not an input size)"
+    return None
+
+
+def _may_be_empty(v: torch.Tensor, ranges: dict) -> bool:
+    """True when a dim of ``v`` is 0, or can be 0 within the ranges of its symbols."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    for size in v.shape:
+        if isinstance(size, int):
+            if size == 0:
+                return True
+        elif bound_sympy(size.node.expr, ranges).lower <= 0:
+            return True
+    return False
+
+
+def _mutation_producers(ep: ExportedProgram) -> dict[torch.fx.Node, str]:
+    """{node: buffer or input name} for the nodes computing the new value of a mutated buffer or user input
+    (the getitem feeding a mutation output and the multi-output node it reads)."""
+    out_node = next(n for n in reversed(ep.graph.nodes) if n.op == "output")
+    leaves = torch.utils._pytree.tree_leaves(out_node.args[0])
+    found: dict[torch.fx.Node, str] = {}
+    for spec, a in zip(ep.graph_signature.output_specs, leaves):
+        if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION) and isinstance(a, torch.fx.Node):
+            found[a] = str(spec.target)
+            if a.target is operator.getitem and isinstance(a.args[0], torch.fx.Node):
+                found[a.args[0]] = str(spec.target)
+    return found
+
+
+def _tag(n: torch.fx.Node) -> str | None:
+    return n.meta.get(DELEGATION_TAG) if n.op == "call_function" else None
+
+
+def localize_sizes(gm: torch.fx.GraphModule) -> int:
+    """Gives every reader of a size node (``_is_size``) a copy with the reader's tag (or no tag for readers
+    outside partitions), so that no partition takes or returns a size. Returns the number of copies made."""
+    graph = gm.graph
+    copies: dict[tuple[torch.fx.Node, str | None], torch.fx.Node] = {}
+
+    def local(s: torch.fx.Node, tag: str | None) -> torch.fx.Node:
+        if _tag(s) == tag:
+            return s
+        if (s, tag) not in copies:
+            args = torch.fx.map_arg(s.args, lambda a: local(a, tag) if _is_size(a) else a)
+            with graph.inserting_after(s):
+                c = graph.call_function(s.target, args, dict(s.kwargs))
+            c.meta = {k: v for k, v in s.meta.items() if k != DELEGATION_TAG}
+            if tag is not None:
+                c.meta[DELEGATION_TAG] = tag
+            copies[(s, tag)] = c
+        return copies[(s, tag)]
+
+    touched = set()
+    for u in list(graph.nodes):
+        for a in list(u.all_input_nodes):
+            if _is_size(a) and _tag(a) != _tag(u):
+                u.replace_input_with(a, local(a, _tag(u)))
+                touched.add(a)
+    for s in reversed(list(graph.nodes)):  # originals nobody reads any more
+        if s in touched and not s.users:
+            graph.erase_node(s)
+    return len(copies)
+
+
+def shield_mutable_buffers(ep: ExportedProgram) -> list[str]:
+    """Partitions read each mutated buffer through one untagged ``aten.alias`` (a view on the portable
+    backend), which lowering passes as a delegate input (it bakes the placeholders of buffers into the
+    delegate as constants). Returns the buffers shielded."""
+    sig = ep.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    graph = ep.graph_module.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    done = []
+    for ph in [n for n in graph.nodes if n.op == "placeholder"]:
+        target = sig.inputs_to_buffers.get(ph.name)
+        readers = [u for u in ph.users if _tag(u) is not None]
+        if target not in mutated or not readers:
+            continue
+        with graph.inserting_before(min(readers, key=order.__getitem__)):
+            alias = graph.call_function(torch.ops.aten.alias.default, (ph,))
+        alias.meta["val"] = ph.meta.get("val")
+        for u in readers:
+            u.replace_input_with(ph, alias)
+        done.append(str(target))
+    return done
 
 
 class _Support(OperatorSupportBase):
@@ -126,6 +247,11 @@ class OrtPartitioner(Partitioner):
                               if COMPILE_SPEC_DEFAULTS.get(k) != v]
         self.compile_specs += [CompileSpec(k, bytes(v)) for k, v in (compile_specs or {}).items()]
         self.rejected: list[Rejection] = []
+        #: mutated buffers the last ``partition`` made partitions read through an alias (see the module doc)
+        self.shielded: list[str] = []
+        self._ranges: dict = {}
+        self._mutations: dict[torch.fx.Node, str] = {}
+        self._sizes: dict[torch.fx.Node, bool] = {}
 
     # -- node checks ----------------------------------------------------------------------------------
     def _reason(self, node: torch.fx.Node, allowed: frozenset) -> str | None:
@@ -145,18 +271,24 @@ class OrtPartitioner(Partitioner):
         outs = _tensor_vals(node)
         if not outs:
             return "produces no tensor"
+        if node in self._mutations:
+            return f"computes the new value of mutated '{self._mutations[node]}' (kept on the portable backend)"
         ins = _tensor_vals(list(node.args) + list(node.kwargs.values()))
         for v in ins + outs:
             if v.dtype not in _ops.TENSOR_DTYPES:
                 return f"dtype {v.dtype} is not supported"
-            if not all(isinstance(s, int) for s in v.shape):
-                return "dynamic shape"
+            problem = _dims_problem(v, self._ranges)
+            if problem is not None:
+                return problem
+        for a in node.all_input_nodes:
+            if not isinstance(a.meta.get("val"), torch.Tensor) and not self._size_ok(a):
+                return f"reads '{a.name}' ({_ops.op_name(a.target)}), a value ONNX cannot compute"
         val = node.meta.get("val")
         if isinstance(val, (list, tuple)):  # only the outputs read through getitem must be non-empty
             used = {u.args[1] for u in node.users if u.target is operator.getitem}
             outs = [v for i, v in enumerate(val) if i in used and isinstance(v, torch.Tensor)]
         for v in outs:
-            if v.numel() == 0:
+            if _may_be_empty(v, self._ranges):
                 return "empty tensor"
         if t in _ops.FLOAT_OPS:
             first = next((a for a in node.args if isinstance(a, torch.fx.Node)), None)
@@ -173,12 +305,28 @@ class OrtPartitioner(Partitioner):
                 return f"no ONNX translation: {problem}"
         return None
 
-    def _candidates(self, gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    def _size_ok(self, node: torch.fx.Node) -> bool:
+        """A size node whose whole computation (down to tensor sizes) ONNX can do."""
+        if node not in self._sizes:
+            self._sizes[node] = False  # no cycles in a graph, but be safe
+            self._sizes[node] = _is_size(node) and all(
+                self._size_ok(a) if not isinstance(a.meta.get("val"), torch.Tensor)
+                else _dims_problem(a.meta["val"], self._ranges) is None for a in node.all_input_nodes)
+        return self._sizes[node]
+
+    def _candidates(self, ep: ExportedProgram) -> set[torch.fx.Node]:
         allowed = _ops.supported_ops() | self.extra_ops | frozenset(_ops.KEEP_WHOLE[k] for k in self.keep_whole)
         ok: set[torch.fx.Node] = set()
         self.rejected = []
-        for node in gm.graph.nodes:
+        self._ranges = dict(ep.range_constraints)
+        self._mutations = _mutation_producers(ep)
+        self._sizes: dict[torch.fx.Node, bool] = {}
+        for node in ep.graph_module.graph.nodes:
             if node.op != "call_function":
+                continue
+            if node.target in _ops.SYM_OPS and not isinstance(node.meta.get("val"), torch.Tensor):
+                if self._size_ok(node):
+                    ok.add(node)
                 continue
             if node.target is operator.getitem:
                 src = node.args[0]
@@ -195,7 +343,8 @@ class OrtPartitioner(Partitioner):
     # -- Partitioner API ------------------------------------------------------------------------------
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         gm = exported_program.graph_module
-        ok = self._candidates(gm)
+        self.shielded = []
+        ok = self._candidates(exported_program)
         parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True).propose_partitions()
         tags: dict[str, DelegationSpec] = {}
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -208,6 +357,11 @@ class OrtPartitioner(Partitioner):
             tags[tag] = DelegationSpec(BACKEND_ID, list(self.compile_specs))
             for n in p.nodes:
                 n.meta[DELEGATION_TAG] = tag
+        if tags:
+            localize_sizes(gm)
+            self.shielded = shield_mutable_buffers(exported_program)
+            gm.graph.lint()
+            gm.recompile()
         log.info("OrtPartitioner: %d partitions, %d nodes delegated, %d left to the portable backend",
                  len(tags), sum(1 for n in gm.graph.nodes if n.meta.get(DELEGATION_TAG)), len(self.rejected))
         return PartitionResult(exported_program, tags)

@@ -118,11 +118,10 @@ def _rewrite_for_export(gm: torch.fx.GraphModule) -> None:
         if n.op != "call_function":
             continue
         if n.target is torch.ops.aten.squeeze.dims:
-            n.target = torch.ops.aten.view.default
-            n.args = (n.args[0], list(n.meta["val"].shape))
-            n.kwargs = {}
+            _rewrite_squeeze(gm.graph, n)
             changed = True
-        elif n.target is sdpa and n.kwargs.get("scale") is None and len(n.args) < 7:
+        elif n.target is sdpa and n.kwargs.get("scale") is None and len(n.args) < 7 \
+                and isinstance(n.args[0].meta["val"].shape[-1], int):
             # a constant scale: torchlib otherwise computes 1/sqrt(E) from Shape at run time
             q = n.args[0].meta["val"]
             n.kwargs = {**n.kwargs, "scale": 1.0 / math.sqrt(q.shape[-1])}
@@ -141,6 +140,30 @@ def _rewrite_for_export(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+def _rewrite_squeeze(graph: torch.fx.Graph, n: torch.fx.Node) -> None:
+    """``squeeze.dims`` -> a static ``view``, or with a dynamic shape one ``squeeze.dim`` per squeezed dim
+    (highest first; the last keeps the node, its name and metadata)."""
+    val = n.meta["val"]
+    if all(isinstance(d, int) for d in val.shape):
+        n.target, n.args, n.kwargs = torch.ops.aten.view.default, (n.args[0], list(val.shape)), {}
+        return
+    src = n.args[0]
+    rank = src.meta["val"].dim()
+    sizes = src.meta["val"].shape
+    dims = sorted({d % rank for d in n.args[1] if isinstance(sizes[d % rank], int) and sizes[d % rank] == 1},
+                  reverse=True)
+    if not dims:  # nothing to squeeze
+        n.target, n.args, n.kwargs = torch.ops.aten.alias.default, (src,), {}
+        return
+    for d in dims[:-1]:
+        with graph.inserting_before(n):
+            step = graph.call_function(torch.ops.aten.squeeze.dim, (src, d))
+        step.meta = {k: v for k, v in n.meta.items() if k != "val"}
+        step.meta["val"] = torch.ops.aten.squeeze.dim(src.meta["val"], d)
+        src = step
+    n.target, n.args, n.kwargs = torch.ops.aten.squeeze.dim, (src, dims[-1]), {}
+
+
 def _unused_outputs(n: torch.fx.Node) -> set[int] | None:
     """Outputs of a multi-output node that no getitem with users reads (None: the node is read otherwise)."""
     if not all(u.target is operator.getitem for u in n.users):
@@ -157,13 +180,18 @@ def _copy_program(ep: ExportedProgram) -> ExportedProgram:
     return work
 
 
+def _hint(size: Any) -> int:
+    """A dim's example value (a dynamic dim's hint)."""
+    return size if isinstance(size, int) else int(size.node.hint)
+
+
 def _example_args(ep: ExportedProgram) -> tuple:
     user = set(ep.graph_signature.user_inputs)
     out = []
     for n in ep.graph.nodes:
         if n.op == "placeholder" and n.name in user:
             v = n.meta["val"]
-            out.append(torch.zeros(tuple(v.shape), dtype=v.dtype))
+            out.append(torch.zeros(tuple(_hint(d) for d in v.shape), dtype=v.dtype))
     return tuple(out)
 
 
@@ -271,6 +299,78 @@ def _value_name(n: torch.fx.Node, produced: dict[str, int]) -> str | None:
     return next((c for c in cands if c in produced), None)
 
 
+def _fx_val(name: str, fx: dict[str, torch.fx.Node]) -> Any:
+    """The FX value (meta ``val``) behind ONNX value ``name`` (None when unknown)."""
+    n = fx.get(name)
+    if n is not None:
+        return n.meta.get("val")
+    m = _MULTI_OUT_RE.fullmatch(name)
+    n = fx.get(m.group(1)) if m else None
+    val = n.meta.get("val") if n is not None else None
+    return val[int(m.group(2))] if isinstance(val, (list, tuple)) and int(m.group(2)) < len(val) else None
+
+
+def dim_spec(size: Any) -> int | str:
+    """A dim as the blob records it: the int, or the symbolic size as sympy prints it (``"s27"``, ``"2*s27"``)."""
+    return size if isinstance(size, int) else str(size.node.expr)
+
+
+def _upper(size: Any, ranges: dict) -> int | None:
+    """The largest value of a dim within ``ranges`` (the program's ``range_constraints``); None: unbounded."""
+    if isinstance(size, int):
+        return size
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    return _finite(bound_sympy(size.node.expr, ranges).upper)
+
+
+def _finite(x: Any) -> int | None:
+    """``x`` as an int; None for (torch's or sympy's) infinities."""
+    import sympy
+    from torch.utils._sympy.numbers import int_oo
+
+    if x in (int_oo, -int_oo, sympy.oo, -sympy.oo):
+        return None
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def symbol_bounds(ep: ExportedProgram) -> dict[str, list[int | None]]:
+    """``{symbol: [min, max]}`` of every dynamic dim symbol of ``ep`` (None: unbounded)."""
+    return {str(k): [_finite(v.lower), _finite(v.upper)] for k, v in ep.range_constraints.items()}
+
+
+def _debug_value_info(model: Any, work: ExportedProgram, names: set[str]) -> tuple[dict[str, Any], int | None]:
+    """``{name: {dtype, shape}}`` of the exposed values (dims as ``dim_spec``, from the FX values the ONNX
+    values are named after) and the debug-buffer bytes they take in the largest run (every dynamic dim at its
+    upper bound, each value 64-byte aligned; None when a shape or a bound is unknown)."""
+    fx = {n.name: n for n in work.graph.nodes}
+    ranges = dict(work.range_constraints)
+    info: dict[str, Any] = {}
+    total: int | None = 0
+    for node in model.graph:
+        for v in node.outputs:
+            if v.name not in names or v.name in info:
+                continue
+            val = _fx_val(v.name, fx)
+            dtype = np.dtype(v.dtype.numpy()) if v.dtype is not None else None
+            if dtype is None and isinstance(val, torch.Tensor):
+                dtype = torch.empty(0, dtype=val.dtype).numpy().dtype
+            shape = list(val.shape) if isinstance(val, torch.Tensor) else None
+            if shape is None and v.shape is not None and all(isinstance(d, int) for d in v.shape):
+                shape = [int(d) for d in v.shape]
+            info[v.name] = {"dtype": dtype.str if dtype is not None else None,
+                            "shape": [dim_spec(d) for d in shape] if shape is not None else None}
+            uppers = [_upper(d, ranges) for d in shape] if shape is not None else [None]
+            if total is not None and dtype is not None and None not in uppers:
+                total += (math.prod(uppers) * dtype.itemsize + 63) // 64 * 64
+            else:
+                total = None
+    return info, total
+
+
 def build_debug_tables(model: Any, work: ExportedProgram) -> dict[str, Any]:
     """Value/node name -> edge handle tables and the values to expose in debug runs.
 
@@ -279,7 +379,8 @@ def build_debug_tables(model: Any, work: ExportedProgram) -> dict[str, Any]:
     the partition), e.g. the three outputs of ``unbind`` or the ``getitem`` of ``native_layer_norm``. Each
     group is one entry of ``groups``: ``[delegate debug id, [ONNX value names]]`` (the id is its first value's
     name), in ONNX execution order; ``values`` maps each id to the group's handle and ``intermediates`` lists
-    every value to expose.
+    every value to expose; ``shapes`` gives their dtypes and (symbolic) shapes, ``debug_bytes`` the bytes they
+    take in the debug buffer in the largest run. Sizes (SymInt nodes of dynamic shapes) are never logged.
     """
     fx = {n.name: n for n in work.graph.nodes}
     graph = model.graph
@@ -290,7 +391,7 @@ def build_debug_tables(model: Any, work: ExportedProgram) -> dict[str, Any]:
                 produced.setdefault(v.name, i)
     terminals: dict[int, list[str]] = {}
     for n in work.graph.nodes:
-        h = get_debug_handle(n) if n.op == "call_function" else None
+        h = get_debug_handle(n) if n.op == "call_function" and _has_tensor(n) else None
         if h is None or not any(u.op == "output" or get_debug_handle(u) != h for u in n.users):
             continue
         name = _value_name(n, produced)
@@ -313,18 +414,20 @@ def build_debug_tables(model: Any, work: ExportedProgram) -> dict[str, Any]:
             elif hs:
                 by_meta += 1
     exposed = {v for _, names, _ in groups for v in names}
-    sizes = [(math.ceil(math.prod(v.shape) * v.dtype.itemsize)
-              if v.dtype is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape) else None)
-             for node in graph for v in node.outputs if v.name in exposed]
-    # what one debug run logs: every exposed value, 64-byte aligned as the debug buffer stores it (None: unknown)
-    debug_bytes = None if None in sizes else sum((n + 63) // 64 * 64 for n in sizes)
+    shapes, debug_bytes = _debug_value_info(model, work, exposed)
     handles = {get_debug_handle(n) for n in work.graph.nodes if n.op == "call_function"} - {None}
     stats = {"onnx_nodes": len(graph), "onnx_values": n_values, "values_named_after_fx_nodes": by_name,
              "values_mapped_by_node_metadata": by_meta, "nodes_mapped": len(node_handles),
              "edge_handles": len(handles), "edge_handles_logged": len(groups)}
     return {"values": {gid: [h] for gid, _, h in groups}, "groups": [[gid, names] for gid, names, _ in groups],
             "intermediates": [v for _, names, _ in groups for v in names], "nodes": node_handles, "stats": stats,
-            "debug_bytes": debug_bytes}
+            "shapes": shapes, "debug_bytes": debug_bytes}
+
+
+def _has_tensor(n: torch.fx.Node) -> bool:
+    v = n.meta.get("val")
+    return isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple))
+                                           and any(isinstance(t, torch.Tensor) for t in v))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,7 +435,11 @@ def build_debug_tables(model: Any, work: ExportedProgram) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 def _value_info(v: Any) -> dict[str, Any]:
-    dims = [int(d) if isinstance(d, int) else -1 for d in v.shape] if v.shape is not None else None
+    """Name, dtype and shape of a graph input/output: int dims, the ``dim_param`` of dynamic ones (-1: none)."""
+    dims = None
+    if v.shape is not None:
+        dims = [int(d) if isinstance(d, int) else (str(d.value) if getattr(d, "value", None) else -1)
+                for d in v.shape]
     return {"name": v.name, "dtype": np.dtype(v.dtype.numpy()).str, "shape": dims}
 
 
@@ -520,6 +627,7 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, 
         "inputs": inputs, "outputs": outputs,
         "values": tables["values"], "groups": tables["groups"], "nodes": tables["nodes"],
         "intermediates": tables["intermediates"], "stats": tables["stats"], "debug_bytes": tables["debug_bytes"],
+        "shapes": tables["shapes"], "dims": symbol_bounds(ep),
     }
     blob = _blob.pack(header, model_bytes, external)
     log.info("onnxruntime: partition of %d ops exported in %.2fs, packed in %.2fs (%d bytes, %d ONNX nodes)",

@@ -13,8 +13,16 @@ Traced runs (the runtime passes its ETDump tracer):
   traced run of each delegate), ``every`` or ``off``. Each ORT kernel event is logged with
   ``log_delegate_profile`` under the original ONNX node name when it can be recovered from ORT's fused name
   (else ORT's own name), with ``{"op", "ort_node"}`` JSON metadata.
+* dynamic shapes: a blob records dynamic dims by name (``"s27"``) or expression (``"2*s27"``) with each
+  symbol's ``[min, max]``. The runtime hands the delegate inputs and planned outputs shaped for this run (views
+  of memory planned at the upper bounds): a binding is keyed on pointers *and* shapes, and on a new key the
+  shapes are checked (``_shapes.bind``: a wrong rank, static dim, inconsistent or out-of-bounds symbol raises
+  ``RuntimeInputError`` naming the input/output and dim).
 * intermediate outputs (when the tracer keeps a debug buffer): a second session of the same model with the
-  values listed in the blob's ``intermediates`` appended to ``graph.output`` runs on the same inputs. Values
+  values listed in the blob's ``intermediates`` appended to ``graph.output`` runs on the same inputs. Their
+  shapes for this run are computed from the blob's ``shapes`` and the input dims, so ORT writes them straight
+  into memory the tracer lends with exactly those shapes (a blob without them, or a dim the evaluator cannot
+  compute, falls back to learning the shapes with one ``session.run``). Values
   are logged per edge op group with ``log_delegate_output(id, value)``: ``id`` is a key of the delegate's
   debug handle map (the ONNX name of the group's first value) and ``value`` the group's output tensor, or the
   list of its output tensors for groups with several (e.g. ``unbind``).
@@ -31,6 +39,7 @@ Traced runs (the runtime passes its ETDump tracer):
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import threading
@@ -43,7 +52,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from edgetorch.backends.onnxruntime import _blob
+from edgetorch.backends.onnxruntime import _blob, _shapes
+from edgetorch.errors import RuntimeInputError
 from edgetorch.formats import etdump as ed
 from edgetorch.runtime._copy import copy_into
 from edgetorch.runtime.backend_registry import register_backend
@@ -68,6 +78,9 @@ _NP_DTYPES: dict[torch.dtype, Any] = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64,
     torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
 }
+
+
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {np.dtype(v): k for k, v in _NP_DTYPES.items()}
 
 
 def set_runtime_options(**options: object) -> None:
@@ -108,6 +121,11 @@ def _non_overlapping(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor
     return src, dst
 
 
+def _key(tensors: Sequence[torch.Tensor]) -> tuple:
+    """What a binding depends on: each tensor's address, shape and strides (dynamic shapes change per run)."""
+    return tuple((t.data_ptr(), t.shape, t.stride()) for t in tensors)
+
+
 @dataclass(frozen=True)
 class OpEvent:
     """One ORT kernel execution from the profiler, in ``time.perf_counter_ns`` time."""
@@ -132,6 +150,11 @@ class OrtDelegate:
         self._ortvalues = {k: ort.OrtValue.ortvalue_from_numpy(a) for k, a in self._arrays.items()}
         self.input_names = [i["name"] for i in self.header["inputs"]]
         self.output_names = [o["name"] for o in self.header["outputs"]]
+        #: ``{symbol: [min, max]}`` of the dynamic dims (empty: every shape is static)
+        self.dim_bounds: dict[str, list] = dict(self.header.get("dims") or {})
+        self._shape_cache: dict[tuple, list | None] = {}
+        self._debug_specs: list[tuple[list, torch.dtype]] | None = None
+        self._scratch: dict[str, torch.Tensor] = {}
         self.intermediates: list[str] = list(self.header.get("intermediates", []))
         self.groups: list[tuple[str, list[str]]] = [(g[0], list(g[1])) for g in self.header.get("groups", [])]
         #: debug-buffer bytes one debug run logs (the tracer reserves them before the run); None: unknown
@@ -194,15 +217,54 @@ class OrtDelegate:
                     proto.graph.output.append(onnx.ValueInfoProto(name=name))
                     have.add(name)
             self._debug_outputs = [o.name for o in proto.graph.output]
+            self._debug_specs = self._specs_of(self._debug_outputs)
             self._debug_session = self._make_session(proto.SerializeToString(), spin=False)
         return self._debug_session
+
+    def _specs_of(self, names: list[str]) -> list[tuple[list, torch.dtype]] | None:
+        """(recorded shape, dtype) of each named value from the blob's outputs and ``shapes``; None if one is
+        missing or not fully known."""
+        known = {o["name"]: o for o in self.header["outputs"]}
+        known.update({k: {"name": k, **v} for k, v in (self.header.get("shapes") or {}).items() if k not in known})
+        out = []
+        for n in names:
+            e = known.get(n)
+            shape, dtype = (e.get("shape"), e.get("dtype")) if e else (None, None)
+            if shape is None or dtype is None or any(isinstance(d, int) and d < 0 for d in shape):
+                return None
+            out.append((list(shape), _TORCH_DTYPES.get(np.dtype(dtype))))
+        return None if any(dt is None for _, dt in out) else out
 
     # -- plain runs ---------------------------------------------------------------------------------
     def _bind(self, session: Any, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> _Binding:
         if len(inputs) != len(self.input_names) or len(outputs) != len(self.output_names):
             raise RuntimeError(f"onnxruntime delegate expects {len(self.input_names)} inputs and "
                                f"{len(self.output_names)} outputs, got {len(inputs)} and {len(outputs)}")
+        self.check_shapes(inputs, outputs)
         return self._bind_names(session, self.input_names, inputs, self.output_names, outputs)
+
+    def symbols(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+        """The value of every dynamic dim symbol in this run (checked against the blob; ``RuntimeInputError``)."""
+        return _shapes.bind(self.header["inputs"], [tuple(t.shape) for t in inputs], self.dim_bounds)
+
+    def check_shapes(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Raises ``RuntimeInputError`` naming the input or output and dim whose size does not fit the blob."""
+        env = self.symbols(inputs)
+        for spec, t in zip(self.header["outputs"], outputs):
+            want = spec.get("shape")
+            if want is None:
+                continue
+            if len(want) != t.dim():
+                raise RuntimeInputError(f"onnxruntime delegate output '{spec['name']}' has rank {t.dim()}, the "
+                                        f"delegate computes rank {len(want)} {want}")
+            for d, (w, got) in enumerate(zip(want, t.shape)):
+                try:
+                    expect = _shapes.eval_dim(w, env)
+                except _shapes.UnsupportedDimError:
+                    continue
+                if expect >= 0 and expect != got:
+                    raise RuntimeInputError(f"onnxruntime delegate output '{spec['name']}' dim {d} ({w}) is {got}, "
+                                            f"this run computes {expect} (shape {list(t.shape)})")
 
     @staticmethod
     def _bind_names(session: Any, input_names: list[str], inputs: Sequence[torch.Tensor], output_names: list[str],
@@ -224,7 +286,7 @@ class OrtDelegate:
 
     def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """Runs the plain session reading ``inputs`` and writing ``outputs`` in place."""
-        key = tuple(t.data_ptr() for t in inputs) + tuple(t.data_ptr() for t in outputs)
+        key = _key(inputs) + _key(outputs)
         b = self._binding
         if b is None or key != self._binding_key:
             b = self._binding = self._bind(self.session, inputs, outputs)
@@ -249,12 +311,70 @@ class OrtDelegate:
                               ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         """Runs the exposing session: returns {value name: tensor} for ``intermediates`` and the final outputs.
 
-        The first capture learns the shapes with ``session.run``; later ones bind outputs with IOBinding so ORT
-        writes them in place: into ``lend(shape, dtype)`` (the tracer's ``delegate_output_buffer``: memory of
-        the debug buffer itself, so logging them copies nothing) when it lends memory, else into buffers of
-        this delegate that the next capture overwrites. Final outputs always go to the delegate's buffers."""
+        Outputs are bound with IOBinding at this run's shapes (``debug_shapes``) so ORT writes them in place:
+        intermediates into ``lend(shape, dtype)`` (the tracer's ``delegate_output_buffer``: memory of the debug
+        buffer itself, so logging them copies nothing) when it lends memory, else into scratch buffers of this
+        delegate that its next capture overwrites. Final outputs always go to the delegate's scratch buffers.
+        When the shapes cannot be computed, the first capture of each input shape learns them with
+        ``session.run``."""
         sess = self.debug_session()
-        key = tuple(t.data_ptr() for t in inputs)
+        shapes = self.debug_shapes(inputs)
+        if shapes is None:
+            outs = self._capture_learning(sess, inputs, lend)
+        else:
+            outs = self._capture_bound(sess, inputs, shapes, lend)
+        by_name = dict(zip(self._debug_outputs, outs))
+        finals = [by_name[n] for n in self.output_names]
+        return {n: by_name[n] for n in self.intermediates if n in by_name}, finals
+
+    def debug_shapes(self, inputs: Sequence[torch.Tensor]) -> list[tuple[tuple[int, ...], torch.dtype]] | None:
+        """(shape, dtype) of every output of the exposing session in this run; None when unknown."""
+        self.debug_session()
+        key = tuple(t.shape for t in inputs)
+        if key in self._shape_cache:
+            return self._shape_cache[key]
+        specs = self._debug_specs
+        out = None
+        if specs is not None:
+            env = self.symbols(inputs)
+            try:
+                out = [(_shapes.resolve(shape, env), dtype) for shape, dtype in specs]
+            except _shapes.UnsupportedDimError:
+                out = None
+        if len(self._shape_cache) >= 64:
+            self._shape_cache.clear()
+        self._shape_cache[key] = out
+        return out
+
+    def _scratch_tensor(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A tensor of this delegate for value ``name`` (its memory grows to the largest shape seen, then stays)."""
+        n = math.prod(shape)
+        buf = self._scratch.get(name)
+        if buf is None or buf.dtype != dtype or buf.numel() < n:
+            buf = self._scratch[name] = torch.empty(max(n, 1), dtype=dtype)
+        return buf[:n].view(shape)
+
+    def _capture_bound(self, sess: Any, inputs: Sequence[torch.Tensor],
+                       shapes: list[tuple[tuple[int, ...], torch.dtype]], lend: Any) -> list[torch.Tensor]:
+        finals = set(self.output_names)
+        outs, lent = [], False
+        for name, (shape, dtype) in zip(self._debug_outputs, shapes):
+            t = lend(shape, dtype) if lend is not None and name not in finals else None
+            lent = lent or t is not None
+            outs.append(t if t is not None else self._scratch_tensor(name, shape, dtype))
+        key = _key(inputs) + _key(outs)
+        b = self._debug_binding
+        if lent or b is None or key != self._debug_key:
+            b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
+            self._debug_binding, self._debug_key = (None, ()) if lent else (b, key)
+        for src, dst in b.pre:
+            copy_into(dst, src)
+        sess.run_with_iobinding(b.io)
+        return outs
+
+    def _capture_learning(self, sess: Any, inputs: Sequence[torch.Tensor], lend: Any) -> list[torch.Tensor]:
+        """The first run of an input shape learns the output shapes with ``session.run``; later ones bind."""
+        key = ("learned",) + _key(inputs)
         b = self._debug_binding
         if b is None or key != self._debug_key:
             res = sess.run(self._debug_outputs, self._feeds(inputs))
@@ -262,21 +382,17 @@ class OrtDelegate:
             self._debug_binding = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, bufs)
             self._debug_bufs = bufs
             self._debug_key = key
-            outs = bufs
-        else:
-            outs = self._debug_bufs
-            if lend is not None:  # a binding for this run: intermediates into the lent debug-buffer memory
-                finals = set(self.output_names)
-                lent = [None if n in finals else lend(buf.shape, buf.dtype)
-                        for n, buf in zip(self._debug_outputs, outs)]
-                outs = [buf if t is None else t for buf, t in zip(outs, lent)]
-                b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
-            for src, dst in b.pre:
-                copy_into(dst, src)
-            sess.run_with_iobinding(b.io)
-        by_name = dict(zip(self._debug_outputs, outs))
-        finals = [by_name[n] for n in self.output_names]
-        return {n: by_name[n] for n in self.intermediates if n in by_name}, finals
+            return bufs
+        outs = self._debug_bufs
+        if lend is not None:  # a binding for this run: intermediates into the lent debug-buffer memory
+            finals = set(self.output_names)
+            lent = [None if n in finals else lend(buf.shape, buf.dtype) for n, buf in zip(self._debug_outputs, outs)]
+            outs = [buf if t is None else t for buf, t in zip(outs, lent)]
+            b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
+        for src, dst in b.pre:
+            copy_into(dst, src)
+        sess.run_with_iobinding(b.io)
+        return outs
 
     # -- profiling ----------------------------------------------------------------------------------
     def _producer_map(self) -> dict[str, str]:
