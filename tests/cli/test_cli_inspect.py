@@ -110,7 +110,7 @@ def test_gap_of_a_quantized_ort_delegate_reports_the_observer_effect(tmp_path):
     lowered = to_edge_transform_and_lower(torch.export.export(q, inputs), partitioner=[OrtPartitioner()])
     h = OrtDelegate(delegate_calls(lowered.exported_program())[0].meta["lowered_module"].processed_bytes, {})
     _, finals = h.capture_intermediates([inputs[0].clone()])
-    plain = Runtime.get().load_program(et.buffer).load_method("forward").execute(*inputs)
+    plain = Runtime.get().load_program(et.buffer).load_method("forward").execute(*inputs)[0]
     exceeds = rel_err(finals[0], plain) > OBSERVER_EFFECT_TOLERANCE
     html = report.read_text()
     assert "observer effect" in r.stdout and "<b>Observer effect</b>" in html, r.stdout[-2000:]

@@ -133,11 +133,11 @@ def test_runtime_loads_bpte_like_pte_zero_copy(all_dtypes, tmp_path):
     rt = Runtime.get()
     p_bundle, p_plain = rt.load_program(str(bpte)), rt.load_program(str(pte))
     assert p_bundle.content_hash == p_plain.content_hash == et.content_hash
-    out_b = p_bundle.load_method("forward").execute(*ins)
-    out_p = p_plain.load_method("forward").execute(*ins)
+    out_b = p_bundle.load_method("forward").execute_structured(*ins)
+    out_p = p_plain.load_method("forward").execute_structured(*ins)
     assert all(_same_bits(a, b) for a, b in zip(out_b, out_p))
     assert all(_same_bits(a, b) for a, b in zip(rt.load_program(bpte.read_bytes()).load_method("forward")
-                                               .execute(*ins), out_p))
+                                               .execute_structured(*ins), out_p))
     # constants are views of the mapped .bpte file, not copies, and stay 64-byte aligned
     buf = p_bundle._loaded.buffer
     assert isinstance(buf, memoryview) and isinstance(buf.obj, mmap.mmap)
@@ -244,7 +244,7 @@ def test_multi_method_nested_outputs_and_sources(tmp_path):
     prog = Runtime.get().load_program(str(tmp_path / "two.bpte"))
     for s in back.method_test_suites:
         tc = s.test_cases[0]
-        got = prog.load_method(s.method_name).execute(*tc.inputs)
+        got = prog.load_method(s.method_name).execute_structured(*tc.inputs)
         assert torch.allclose(got, tc.expected_outputs[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(BundledProgramError, match="exactly one"):
         BundledProgram(et, suites, pte_file_path=path)

@@ -36,7 +36,7 @@ def recorded(tmp_path_factory):
     et = to_edge(torch.export.export(model, (xs[0],))).to_executorch()
     p = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
     m = p.load_method("forward")
-    outs = [m.execute(x) for x in xs]
+    outs = [m.execute_structured(x) for x in xs]
     d = tmp_path_factory.mktemp("etdump")
     p.write_etdump_result_to_file(d / "run.etdp", d / "run.bin")
     return d, outs, model, xs

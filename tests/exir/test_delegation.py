@@ -40,7 +40,7 @@ def test_mixed_program_with_two_partitions_matches_eager(tmp_path):
     torch.testing.assert_close(ep.module()(x), model(x))
     et = epm.to_executorch()
     et.save(tmp_path / "mixed.pte")
-    out = Runtime.get().load_program(tmp_path / "mixed.pte").load_method("forward").execute(x)
+    out = Runtime.get().load_program(tmp_path / "mixed.pte").load_method("forward").execute_structured(x)
     for g, w in zip(out, model(x)):
         torch.testing.assert_close(g, w.detach(), rtol=1e-6, atol=1e-6)
     # maps: a DELEGATE_CALL instruction maps to the handles of its partition, the backend map to edge handles
@@ -104,4 +104,4 @@ def test_multi_method_delegation():
     epm = to_edge_transform_and_lower(eps, partitioner=[part])
     p = Runtime.get().load_program(epm.to_executorch().buffer)
     for m, inp in inputs.items():
-        torch.testing.assert_close(p.load_method(m).execute(*inp), getattr(model, m)(*inp).detach())
+        torch.testing.assert_close(p.load_method(m).execute_structured(*inp), getattr(model, m)(*inp).detach())

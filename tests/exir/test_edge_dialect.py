@@ -71,7 +71,7 @@ def test_linear_can_be_preserved():
     assert any(n.target == torch.ops.aten.linear.default for n in _ops(epm.exported_program()))
     et = epm.to_executorch()
     from edgetorch.runtime import Runtime
-    out = Runtime.get().load_program(et.buffer).load_method("forward").execute(x)
+    out = Runtime.get().load_program(et.buffer).load_method("forward").execute_structured(x)
     torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-6)
 
 

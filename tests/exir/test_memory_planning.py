@@ -68,7 +68,7 @@ def test_planner_trap_model_is_correct():
     m = Runtime.get().load_program(et.buffer).load_method("forward")
     for _ in range(3):
         xi = torch.randn(4, 8)
-        torch.testing.assert_close(m.execute(xi), model(xi), rtol=0, atol=1e-5)
+        torch.testing.assert_close(m.execute_structured(xi), model(xi), rtol=0, atol=1e-5)
     # structural check: planned tensors with intersecting lifetimes never share bytes
     report = et.memory_plan_report()["forward"]
     assert report["arena_bytes"] <= report["peak_live_bytes"]

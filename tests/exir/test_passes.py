@@ -46,7 +46,7 @@ def test_transform_edits_a_copy_and_runs():
     assert torch.ops.aten.clamp.default in targets and torch.ops.aten.relu.default not in targets
     added = next(n for n in new.exported_program().graph.nodes if n.target == torch.ops.aten.add.Scalar)
     assert get_debug_handle(added) > max(get_debug_handle(n) or 0 for n in epm.exported_program().graph.nodes)
-    out = Runtime.get().load_program(new.to_executorch().buffer).load_method("forward").execute(x)
+    out = Runtime.get().load_program(new.to_executorch().buffer).load_method("forward").execute_structured(x)
     torch.testing.assert_close(out, M()(x))
 
 

@@ -24,19 +24,28 @@ class Dynamic(torch.nn.Module):
         return x.relu() * 2
 
 
-def test_buffer_mutation_is_rejected_with_buffer_name():
+def test_buffer_mutation_is_accepted_and_counts_across_calls():
+    from edgetorch.runtime import Runtime
+
     ep = torch.export.export(Counter(), (torch.randn(3),))
-    with pytest.raises(UnsupportedOpError, match="count"):
-        to_edge(ep)
+    method = Runtime.get().load_program(to_edge(ep).to_executorch().buffer).load_method("forward")
+    x = torch.randn(3)
+    assert [torch.equal(method.execute(x)[0], x + k) for k in (1, 2, 3)] == [True] * 3
 
 
-def test_dynamic_shapes_are_rejected_naming_node_and_source():
-    batch = torch.export.Dim("batch", min=2, max=8)
+def test_unbounded_dynamic_shapes_are_rejected_naming_node_and_dim():
+    batch = torch.export.Dim("batch", min=2)
     ep = torch.export.export(Dynamic(), (torch.randn(4, 3),), dynamic_shapes=({0: batch},))
     with pytest.raises(UnsupportedOpError) as e:
         to_edge(ep)
     msg = str(e.value)
-    assert "dynamic shape" in msg and "'x'" in msg
+    assert "dynamic shape" in msg and "'x'" in msg and "no upper bound" in msg
+
+
+def test_bounded_dynamic_shapes_are_accepted():
+    batch = torch.export.Dim("batch", min=2, max=8)
+    ep = torch.export.export(Dynamic(), (torch.randn(4, 3),), dynamic_shapes=({0: batch},))
+    to_edge(ep)
 
 
 def test_custom_op_the_runtime_cannot_resolve_is_named():
@@ -59,7 +68,7 @@ def test_custom_op_the_runtime_cannot_resolve_is_named():
     epm = to_edge(ep)  # a registered custom op passes the verifier: it has a functional kernel
     et = epm.to_executorch()
     from edgetorch.runtime import Runtime
-    out = Runtime.get().load_program(et.buffer).load_method("forward").execute(torch.ones(3))
+    out = Runtime.get().load_program(et.buffer).load_method("forward").execute_structured(torch.ones(3))
     assert torch.equal(out, torch.full((3,), 3.0))
 
 

@@ -11,7 +11,6 @@ import zipfile
 import pytest
 import torch
 
-from edgetorch.errors import EdgeTorchError
 from edgetorch.export import (
     ExportInputError,
     ExportRecipe,
@@ -50,9 +49,9 @@ def test_fp32_run_method_matches_eager(cnn, cnn_session):
         want = model(*x)
         other = torch.randn_like(x[0])
         want_other = model(other)
-    assert max_rel_err(cnn_session.run_method(), want) <= FP32_RTOL
-    assert max_rel_err(cnn_session.run_method("forward", (other,)), want_other) <= FP32_RTOL
-    assert max_rel_err(cnn_session.run_method("forward", other), want_other) <= FP32_RTOL  # bare tensor accepted
+    assert max_rel_err(cnn_session.run_method()[0], want) <= FP32_RTOL
+    assert max_rel_err(cnn_session.run_method("forward", (other,))[0], want_other) <= FP32_RTOL
+    assert max_rel_err(cnn_session.run_method("forward", other)[0], want_other) <= FP32_RTOL  # bare tensor accepted
 
 
 def test_artifact_dir_contents(cnn, cnn_session):
@@ -64,7 +63,7 @@ def test_artifact_dir_contents(cnn, cnn_session):
         assert f.read() == cnn_session.get_pte_buffer()
     method = Runtime.get().load_program(paths["pte"]).load_method("forward")
     with torch.no_grad():
-        assert max_rel_err(method.execute(*x), model(*x)) <= FP32_RTOL
+        assert max_rel_err(method.execute_structured(*x), model(*x)) <= FP32_RTOL
     summary = json.loads(open(paths["summary"]).read())
     assert summary["name"] == "cnn" and summary["methods"] == ["forward"]
     assert summary["recipe"] == "portable_fp32" and summary["backend"] == "portable"
@@ -127,7 +126,7 @@ def test_multi_method_with_dict_inputs():
     assert s.get_executorch_program_manager().methods == {"forward", "encode"}
     with torch.no_grad():
         for m, x in inputs.items():
-            assert max_rel_err(s.run_method(m, x), getattr(model, m)(*x)) <= FP32_RTOL
+            assert max_rel_err(s.run_method(m, x)[0], getattr(model, m)(*x)) <= FP32_RTOL
             assert s.get_example_input(m) == x
             assert isinstance(s.get_exported_program(m), torch.export.ExportedProgram)
 
@@ -141,13 +140,13 @@ def test_exported_program_inputs():
     assert s.pipeline_stages == [S.TO_EDGE_TRANSFORM_AND_LOWER, S.TO_EXECUTORCH]
     assert s.get_exported_program("encode") is eps["encode"]
     with pytest.raises(ExportSessionError, match="no example inputs for method 'forward'"):
-        s.run_method("forward")
+        s.run_method("forward")[0]
     with torch.no_grad():
         x = inputs["encode"]
-        assert max_rel_err(s.run_method("encode", x), model.encode(*x)) <= FP32_RTOL
+        assert max_rel_err(s.run_method("encode", x)[0], model.encode(*x)) <= FP32_RTOL
     single = export(eps["forward"], [inputs["forward"]])
     with torch.no_grad():
-        assert max_rel_err(single.run_method(), model(*inputs["forward"])) <= FP32_RTOL
+        assert max_rel_err(single.run_method()[0], model(*inputs["forward"])) <= FP32_RTOL
 
 
 def test_graph_module_input_skips_quantization(cnn):
@@ -164,7 +163,7 @@ def test_graph_module_input_skips_quantization(cnn):
     assert s.pipeline_stages == [S.TORCH_EXPORT, S.TO_EDGE_TRANSFORM_AND_LOWER, S.TO_EXECUTORCH]
     with torch.no_grad():
         want = quantized(*x)
-    assert max_rel_err(s.run_method(), want) <= FP32_RTOL  # the runtime matches the fake-quantized graph
+    assert max_rel_err(s.run_method()[0], want) <= FP32_RTOL  # the runtime matches the fake-quantized graph
 
 
 def test_recipe_passes_are_applied():
@@ -192,7 +191,7 @@ def test_recipe_passes_are_applied():
     s = export(model, [x], recipe)
     assert [e[0] for e in seen] == ["aten", "edge", "manager"]
     with torch.no_grad():
-        assert max_rel_err(s.run_method(), model(*x)) <= FP32_RTOL
+        assert max_rel_err(s.run_method()[0], model(*x)) <= FP32_RTOL
     bad = ExportRecipe(aten_transform_passes=[lambda method, ep: None])
     with pytest.raises(ExportSessionError, match="ATen pass .* returned NoneType"):
         export(model, [x], bad)
@@ -207,10 +206,12 @@ def test_dynamic_shapes_reach_torch_export():
     model, x = spec.build(), spec.example_inputs()["forward"]
     batch = torch.export.Dim("batch", min=1, max=8)
     x2 = (torch.randn(2, x[0].shape[1]),)
-    # edgetorch plans memory for static shapes only: the edge verifier rejects the dynamic program, which
-    # proves the shapes were used by torch.export
-    with pytest.raises(EdgeTorchError, match="dynamic"):
-        export(model, [x2], dynamic_shapes={"forward": ({0: batch},)})
+    s = export(model, [x2], dynamic_shapes={"forward": ({0: batch},)})
+    (sym,) = s.get_executorch_program().plan("forward").symbols
+    assert sym.max == 8
+    for b in (2, 5, 8):  # the program runs every batch size within the bound
+        xb = torch.randn(b, x[0].shape[1])
+        assert max_rel_err(s.run_method("forward", (xb,))[0], model(xb)) <= FP32_RTOL
 
 
 # -- saved ExportedProgram paths --------------------------------------------------------------------------------
@@ -228,7 +229,7 @@ def test_saved_exported_program_path(saved_ep):
     s = export(path, [x])
     assert s.input_model_type == "ExportedProgram"
     with torch.no_grad():
-        assert max_rel_err(s.run_method(), model(*x)) <= FP32_RTOL
+        assert max_rel_err(s.run_method()[0], model(*x)) <= FP32_RTOL
 
 
 def _rewrite(path: str, out: str, edit) -> None:
@@ -305,4 +306,4 @@ def test_source_transform_with_torchao_config():
     assert any(v.dtype == torch.int8 for v in ep.state_dict.values()) or \
         any(v.dtype == torch.int8 for v in ep.constants.values() if isinstance(v, torch.Tensor))
     with torch.no_grad():
-        assert max_rel_err(s.run_method(), model(*x)) <= 0.05  # int8 weights, float activations: measured 0.006
+        assert max_rel_err(s.run_method()[0], model(*x)) <= 0.05  # int8 weights, float activations: measured 0.006

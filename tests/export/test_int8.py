@@ -68,7 +68,7 @@ def _check(name: str, recipe_type: PortableRecipeType, n_calibration: int = 4) -
     fake_quant = session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
     with torch.no_grad():
         for sample in _samples(x, 4, 2):
-            got = session.run_method("forward", sample)
+            got = session.run_method("forward", sample)[0]
             want = model(*sample)
             assert _rel(got, want) <= REL_MAX_VS_EAGER, (name, recipe_type, _rel(got, want))
             assert _cos(got, want) >= COSINE_MIN_VS_EAGER, (name, recipe_type, _cos(got, want))
@@ -108,7 +108,7 @@ _FRESH = textwrap.dedent("""
     out = {}
     for i, (pte, inp) in enumerate(zip(sys.argv[1::2], sys.argv[2::2])):
         x = torch.load(inp, weights_only=True)
-        out[i] = Runtime.get().load_program(pte).load_method("forward").execute(*x)
+        out[i] = Runtime.get().load_program(pte).load_method("forward").execute_structured(*x)
     leaked = [m for m in sys.modules if m.startswith(("edgetorch.exir", "edgetorch.export", "torchao"))]
     assert not leaked, leaked
     torch.save(out, sys.argv[-1] if len(sys.argv) % 2 == 0 else "/dev/null")
@@ -127,7 +127,7 @@ def test_int8_programs_run_in_a_fresh_process(tmp_path):
         session.save_to_pte(pte)
         torch.save(sample, inp)
         args += [pte, inp]
-        want.append(session.run_method("forward", sample))
+        want.append(session.run_method("forward", sample)[0])
     outputs = str(tmp_path / "outputs.pt")
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
     proc = subprocess.run([sys.executable, "-c", _FRESH, *args, outputs], env=env, capture_output=True, text=True,

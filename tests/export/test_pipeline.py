@@ -120,7 +120,7 @@ def test_valid_alternative_pipelines_run(stages):
     s = session(model, stages)
     s.export()
     assert list(s.get_stage_artifacts()) == stages
-    torch.testing.assert_close(s.run_method("forward", X), model(*X), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s.run_method("forward", X)[0], model(*X), rtol=1e-5, atol=1e-6)
 
 
 def test_pipeline_may_stop_at_edge():
@@ -165,7 +165,7 @@ def test_register_custom_stage_replaces_default():
     assert custom.calls == 1
     with torch.no_grad():
         want = torch.relu(torch.nn.functional.linear(X[0], model.fc.weight * 2, model.fc.bias))
-    torch.testing.assert_close(s.run_method("forward", X), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s.run_method("forward", X)[0], want, rtol=1e-5, atol=1e-6)
     assert s.stage_durations_ms[StageType.SOURCE_TRANSFORM] >= 0
     assert s.get_stage_artifacts()[StageType.SOURCE_TRANSFORM].get_context("duration_ms") >= 0
 
@@ -260,7 +260,7 @@ def test_lookups_after_export():
     with pytest.raises(ExportSessionError, match="generate_etrecord=True"):
         s.get_etrecord()
     with pytest.raises(EdgeTorchError):
-        s.run_method("encode", X)
+        s.run_method("encode", X)[0]
     assert s.get_example_input() is not None
     assert s.get_executorch_program().plans[0].name == "forward"
 

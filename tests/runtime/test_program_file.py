@@ -28,7 +28,7 @@ def test_saved_program_runs_in_a_fresh_process(tmp_path):
         assert "edgetorch.exir" not in sys.modules
         io = torch.load({str(tmp_path / "io.pt")!r})
         p = rt.Runtime.get().load_program({str(pte)!r})
-        out = p.load_method("forward").execute(io["x"])
+        out = p.load_method("forward").execute_structured(io["x"])
         assert "edgetorch.exir" not in sys.modules, "the runtime must not import the compiler"
         err = (out - io["y"]).abs().max().item() / io["y"].abs().max().item()
         assert err <= 1e-5, err
@@ -49,7 +49,7 @@ def test_load_from_bytes_path_and_file_object(tmp_path):
     want = model(*inputs).detach()
     for data in (et.buffer, str(path), path, open(path, "rb")):
         p = Runtime.get().load_program(data, verification=Verification.Minimal)
-        torch.testing.assert_close(p.load_method("forward").execute(*inputs), want)
+        torch.testing.assert_close(p.load_method("forward").execute_structured(*inputs), want)
         if hasattr(data, "close"):
             data.close()
     assert p.content_hash == et.content_hash
@@ -99,4 +99,4 @@ def test_two_methods_in_one_file(tmp_path):
     p = Runtime.get().load_program(tmp_path / "two.pte")
     assert p.method_names == {"forward", "encode"}
     for m, inp in inputs.items():
-        torch.testing.assert_close(p.load_method(m).execute(*inp), getattr(model, m)(*inp).detach())
+        torch.testing.assert_close(p.load_method(m).execute_structured(*inp), getattr(model, m)(*inp).detach())

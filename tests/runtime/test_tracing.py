@@ -46,7 +46,7 @@ class Compiled:
         self.inputs = [torch.randn(4, 16, dtype=dtype) for _ in range(3)]
         self.epm = to_edge(torch.export.export(self.model, (self.inputs[0],)))
         self.et = self.epm.to_executorch()
-        self.plain = [Runtime.get().load_program(self.et.buffer).load_method("forward").execute(x)
+        self.plain = [Runtime.get().load_program(self.et.buffer).load_method("forward").execute_structured(x)
                       for x in self.inputs]
 
     def load(self, **kw):
@@ -121,7 +121,7 @@ def test_tracing_does_not_change_outputs(net, mode, threaded, tmp_path, monkeypa
           "file": dict(enable_etdump=True, debug_buffer_path=tmp_path / "stream.bin")}[mode]
     p, m = net.load(**kw)
     for x, want in zip(net.inputs, net.plain):
-        assert_same_outputs(m.execute(x), want)
+        assert_same_outputs(m.execute_structured(x), want)
     p.tracer.close()
 
 
@@ -166,7 +166,7 @@ def test_debug_tensors_are_bit_identical_to_eager_op_by_op(net, threaded, tmp_pa
     if threaded:
         monkeypatch.setattr(tracing, "ASYNC_MIN_BYTES", 0)
     p, m = net.load(enable_etdump=True, debug_buffer_size="auto")
-    outs = [m.execute(x) for x in net.inputs]
+    outs = [m.execute_structured(x) for x in net.inputs]
     p.write_etdump_result_to_file(tmp_path / "a.etdp", tmp_path / "a.bin")
     d = read_etdump(tmp_path / "a.etdp")
     buf = DebugBuffer(tmp_path / "a.bin")
@@ -377,8 +377,8 @@ def test_delegate_events_attach_to_the_delegate_call(delegated, tmp_path):
     m = p.load_method("forward")
     (call,) = [i for i in m.instructions if i.kind == "DELEGATE"]
     assert call.name == ed.DELEGATE_CALL and call.delegate_backend == TRACING_BACKEND
-    out = m.execute(x)
-    assert same_bits(out, Runtime.get().load_program(data).load_method("forward").execute(x))
+    out = m.execute_structured(x)
+    assert same_bits(out, Runtime.get().load_program(data).load_method("forward").execute_structured(x))
     with pytest.raises(EdgeTorchError, match="DELEGATE_CALL"):
         p.tracer.log_delegate_profile(0, 0, 1)
     with pytest.raises(EdgeTorchError, match="delegate_output_buffer may only be called .* DELEGATE_CALL"):

@@ -23,7 +23,7 @@ def _check(name: str) -> None:
     program = Runtime.get().load_program(to_edge(eps).to_executorch().buffer)
     assert program.method_names == set(inputs)
     for m, inp in inputs.items():
-        got = program.load_method(m).execute(*inp)
+        got = program.load_method(m).execute_structured(*inp)
         with torch.no_grad():
             want = getattr(model, m)(*inp)
         assert pytree.tree_structure(got) == pytree.tree_structure(want), (name, m)
@@ -51,6 +51,6 @@ def test_repeated_runs_do_not_leak_state_between_inputs():
     m = Runtime.get().load_program(to_edge(torch.export.export(model, inputs)).to_executorch().buffer)
     method = m.load_method("forward")
     xs = [torch.randn_like(inputs[0]) for _ in range(3)]
-    outs = [method.execute(x) for x in xs]  # outputs are copies: later runs must not overwrite them
+    outs = [method.execute_structured(x) for x in xs]  # outputs are copies: later runs must not overwrite them
     for x, o in zip(xs, outs):
         torch.testing.assert_close(o, model(x).detach(), rtol=1e-5, atol=1e-6)

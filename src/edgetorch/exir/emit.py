@@ -4,6 +4,16 @@ Reads the graph without mutating it (the ETRecord holds the same program). Every
 kernel gets a slot in the method's arena; view ops become aliases of their base (evaluated once when the
 runtime loads the method); ops without an out variant run functionally and their result is copied into the
 planned slot. Constants go to the shared segment area (deduplicated, 64-byte aligned).
+
+Bounded dynamic shapes: tensors whose sizes are symbolic are planned at their upper bounds and carry their size
+expressions (``exir.symbolic``); symbolic-int nodes (``sym_size``, ``operator.mul`` ...) become ``SymInt``
+values, evaluated by the runtime from the input shapes, not instructions. Non-tensor user inputs that export
+specialised (``use_cache=False``) become constant values the runtime checks each call against.
+
+Mutable buffers (``buffers_to_mutate``): the buffer becomes a ``MUTABLE`` value (state of the loaded program,
+initialised from a constant). The op computing its new value writes straight into it when it can (its first
+argument is the buffer, it has an out variant and nothing reads the old value after it: an ``index_put`` of a
+KV cache); otherwise a ``copy`` instruction at the end of the method stores the new value.
 """
 
 from __future__ import annotations
@@ -16,12 +26,13 @@ from dataclasses import dataclass
 import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 
 from edgetorch.errors import ExportError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.exir.memory_planning import Buffer, MemoryPlan, plan_memory
 from edgetorch.exir.op_variants import is_view_op, out_variant
+from edgetorch.exir.symbolic import SymbolTable, is_dynamic_tensor, sym_tensor_def, symbol_table
 from edgetorch.exir.verifier import _IGNORED_TARGETS
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, code_dtype, dtype_code, storage_nbytes
@@ -81,12 +92,28 @@ class EmittedMethod:
     instruction_id_to_num_outs: dict[int, int]
 
 
-def _tensor_def(v: torch.Tensor, placement: int, constant_index: int = -1) -> pf.TensorDef:
+def _tensor_def(v: torch.Tensor, placement: int, constant_index: int = -1,
+                symbols: SymbolTable | None = None, what: str = "") -> pf.TensorDef:
+    if symbols is not None and is_dynamic_tensor(v):
+        return _dynamic_tensor_def(v, placement, symbols, what)
     sizes = [int(s) for s in v.shape]
     strides = [int(s) for s in v.stride()]
     so = int(v.storage_offset())
     nbytes = storage_nbytes(sizes, strides, so, v.element_size())
     return pf.TensorDef(dtype_code(v.dtype), sizes, strides, so, placement, nbytes, -1, constant_index)
+
+
+def _dynamic_tensor_def(v: torch.Tensor, placement: int, symbols: SymbolTable, what: str) -> pf.TensorDef:
+    from edgetorch.formats import symexpr
+
+    sizes, strides, so, text = sym_tensor_def(symbols, v, what)
+    shape = symexpr.parse_sym_shape(text, len(sizes), len(symbols.symbols), what)
+    nbytes = 0
+    for env in (symbols.lower_env(), symbols.upper_env()):
+        sz = [symexpr.evaluate(e, env) for e in shape[0]]
+        st = [symexpr.evaluate(e, env) for e in shape[1]]
+        nbytes = max(nbytes, storage_nbytes(sz, st, symexpr.evaluate(shape[2], env), v.element_size()))
+    return pf.TensorDef(dtype_code(v.dtype), sizes, strides, so, placement, nbytes, -1, -1, sym_shape=text)
 
 
 class _MethodEmitter:
@@ -113,6 +140,10 @@ class _MethodEmitter:
         self.delegate_map: dict[int, dict] = {}
         self.num_outs: dict[int, int] = {}
         self._null: int | None = None
+        self.symbols = symbol_table(ep, name)
+        self.mutable_buffers: list[pf.MutableBufferDef] = []
+        self.buffer_values: dict[str, int] = {}  # buffer FQN -> its MUTABLE value
+        self.inplace: dict[torch.fx.Node, str] = {}  # node -> the buffer it writes in place
 
     # -- values ---------------------------------------------------------------------------------------
     def add_value(self, v) -> int:
@@ -149,8 +180,10 @@ class _MethodEmitter:
             return self.null()
         if isinstance(a, (list, tuple)):
             tstr = str(typ)
+            if "Tensor" not in tstr and any(isinstance(x, torch.fx.Node) for x in a):
+                return self.sym_int_list(a)
             if any(isinstance(x, torch.fx.Node) for x in a) or "Tensor" in tstr:
-                if "Tensor?" in tstr:
+                if "Tensor?" in tstr or "Optional[Tensor]" in tstr or any(x is None for x in a):
                     items = []
                     for x in a:
                         if x is None:
@@ -179,6 +212,30 @@ class _MethodEmitter:
             return self.add_value(a)
         raise ExportError(f"method '{self.name}': cannot emit argument {a!r} of type {type(a).__name__}")
 
+    def sym_int_list(self, a: list | tuple) -> int:
+        from edgetorch.formats import symexpr
+
+        exprs = []
+        for x in a:
+            v = x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+            if not isinstance(v, (int, torch.SymInt)) or isinstance(v, bool):
+                raise ExportError(f"method '{self.name}': list argument item {x} is {type(v).__name__}, expected "
+                                  "an int or a symbolic int")
+            exprs.append(self.symbols.encode_int(v, f"list argument item {x}"))
+        return self.add_value(pf.SymIntListV(symexpr.dumps(exprs)))
+
+    def sym_value(self, v, what: str) -> int:
+        """A value for a symbolic (or specialised) scalar."""
+        from edgetorch.formats import symexpr
+
+        if isinstance(v, torch.SymInt):
+            e = self.symbols.encode_int(v, what)
+            return self.add_value(e if isinstance(e, int) else pf.SymIntV(symexpr.dumps(e)))
+        if isinstance(v, (torch.SymFloat, torch.SymBool)):
+            raise ExportError(f"method '{self.name}': {what} is a symbolic {type(v).__name__}; only symbolic "
+                              "ints (sizes) are supported")
+        return self.add_value(v)
+
     def operator_index(self, op: torch._ops.OpOverload) -> int:
         key = (op._schema.name, op._overloadname)
         if key not in self._op_index:
@@ -195,12 +252,18 @@ class _MethodEmitter:
                 continue
             spec = specs[node.name]
             val = node.meta.get("val")
-            if spec.kind == InputKind.USER_INPUT:
-                vid = self.add_value(_tensor_def(val, pf.PLACEMENT_PLANNED))
+            if spec.kind == InputKind.USER_INPUT and not isinstance(val, torch.Tensor):
+                vid = self.sym_value(val, f"input '{node.name}'")  # specialised constant or symbolic int
+                self.inputs.append(vid)
+            elif spec.kind == InputKind.USER_INPUT:
+                vid = self.add_value(_tensor_def(val, pf.PLACEMENT_PLANNED, symbols=self.symbols,
+                                                 what=f"input '{node.name}'"))
                 self.planned.append(vid)
                 self.first_use[vid] = -1
                 self.last_use[vid] = -1
                 self.inputs.append(vid)
+            elif spec.kind == InputKind.BUFFER and spec.target in self.mutated:
+                vid = self.mutable_buffer(spec.target)
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 target = spec.target
                 if target in self.ep.state_dict:
@@ -219,6 +282,44 @@ class _MethodEmitter:
                                   "is not supported")
             self.node_values[node] = vid
 
+    @property
+    def mutated(self) -> set[str]:
+        return set(self.ep.graph_signature.buffers_to_mutate.values())
+
+    def mutable_buffer(self, target: str) -> int:
+        data = self.ep.state_dict.get(target, self.ep.constants.get(target))
+        if not isinstance(data, torch.Tensor):
+            raise ExportError(f"method '{self.name}': mutable buffer '{target}' has no tensor data")
+        idx, stored = self.constants.add(data)
+        self.mutable_buffers.append(pf.MutableBufferDef(target, idx, dtype_code(stored.dtype),
+                                                        tuple(int(s) for s in stored.shape)))
+        t = _tensor_def(stored, pf.PLACEMENT_MUTABLE)
+        t.buffer_index = len(self.mutable_buffers) - 1
+        vid = self.add_value(t)
+        self.buffer_values[target] = vid
+        return vid
+
+    def find_inplace_updates(self) -> None:
+        """Marks each op whose result becomes a buffer's new value and that can write into the buffer itself."""
+        sig = self.ep.graph_signature
+        out_node = next(n for n in self.ep.graph.nodes if n.op == "output")
+        placeholders = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
+        buffer_node = {s.target: placeholders[s.arg.name] for s in sig.input_specs
+                       if s.kind == InputKind.BUFFER and s.arg.name in placeholders}
+        order = {n: i for i, n in enumerate(self.ep.graph.nodes)}
+        for spec, node in zip(sig.output_specs, out_node.args[0]):
+            if spec.kind != OutputKind.BUFFER_MUTATION or not isinstance(node, torch.fx.Node):
+                continue
+            buf = buffer_node.get(spec.target)
+            op = node.target
+            ok = (buf is not None and isinstance(op, torch._ops.OpOverload) and not is_view_op(op)
+                  and out_variant(op) is not None and node.args and node.args[0] is buf
+                  and all(order[u] < order[node] for u in buf.users if u is not node)
+                  and sum(1 for a in out_node.args[0] if a is node) == 1
+                  and _same_layout(node.meta.get("val"), buf.meta.get("val")))
+            if ok:
+                self.inplace[node] = spec.target
+
     def _new_outputs(self, node: torch.fx.Node, placement: int, at: int) -> list[int]:
         val = node.meta.get("val")
         vals = list(val) if isinstance(val, (list, tuple)) else [val]
@@ -227,7 +328,7 @@ class _MethodEmitter:
             if not isinstance(v, torch.Tensor):
                 raise ExportError(f"method '{self.name}': node '{node.name}' output is {type(v).__name__}, "
                                   "expected a tensor")
-            vid = self.add_value(_tensor_def(v, placement))
+            vid = self.add_value(_tensor_def(v, placement, symbols=self.symbols, what=f"node '{node.name}'"))
             if placement == pf.PLACEMENT_PLANNED:
                 self.planned.append(vid)
                 self.first_use[vid] = at
@@ -262,6 +363,9 @@ class _MethodEmitter:
             base = uses[0]
             for o in outs:
                 self.alias_root[o] = self.root(base)
+        elif node in self.inplace:  # writes the buffer's new value into the buffer itself
+            kind, target = pf.CALL_OUT, out_variant(op)
+            outs = [self.buffer_values[self.inplace[node]]]
         else:
             ov = out_variant(op)
             kind, target = (pf.CALL_OUT, ov) if ov is not None else (pf.CALL_FUNCTIONAL_COPY, op)
@@ -298,12 +402,57 @@ class _MethodEmitter:
         self.num_outs[at] = len(outs)
         self.node_values[node] = outs
 
+    def emit_buffer_update(self, node: torch.fx.Node, target: str) -> None:
+        """Stores a buffer's new value computed out of place: ``copy.out(buffer, new, out=buffer)``."""
+        if self.inplace.get(node) == target:
+            return  # written in place by its own instruction
+        at = len(self.instructions)
+        src = self._node_tensor(node)
+        self.use(src, at)
+        buf = self.buffer_values[target]
+        args = [buf, src, self.add_value(False)]
+        op = torch.ops.aten.copy.out
+        self.instructions.append(pf.InstructionDef(
+            pf.KernelCallDef(self.operator_index(op), pf.CALL_OUT, args, [buf]), f"update_{target}", 0, ""))
+        self.debug_handle_map[at] = 0
+
+    def emit_outputs(self, out_node: torch.fx.Node | None) -> tuple[list[int], list[str]]:
+        """Buffer updates, then the user outputs (value ids and names)."""
+        if out_node is None:
+            return [], []
+        specs = self.ep.graph_signature.output_specs
+        args = list(out_node.args[0])
+        user = []
+        for i, a in enumerate(args):
+            spec = specs[i] if i < len(specs) else None
+            if spec is not None and spec.kind == OutputKind.BUFFER_MUTATION:
+                self.emit_buffer_update(a, spec.target)
+            else:
+                user.append((a, getattr(spec.arg, "name", None) if spec is not None else None))
+        end = len(self.instructions)
+        outputs, names = [], []
+        for j, (a, name) in enumerate(user):
+            for leaf in pytree.tree_leaves(a):
+                if isinstance(leaf, torch.fx.Node):
+                    vid = self._node_tensor(leaf)
+                    self.use(vid, end)
+                else:
+                    vid = self.convert_arg(leaf, torch._C.NoneType.get(), [])
+                outputs.append(vid)
+                names.append(name or f"output_{len(names)}")
+        return outputs, names
+
     def emit(self) -> EmittedMethod:
         self.emit_placeholders()
+        self.find_inplace_updates()
         out_node = None
         for node in self.ep.graph.nodes:
             if node.op == "call_function":
-                if node.target is operator.getitem:
+                val = node.meta.get("val")
+                if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) \
+                        and not isinstance(val, torch.Tensor):
+                    self.node_values[node] = self.sym_value(val, f"node '{node.name}'")  # evaluated per run
+                elif node.target is operator.getitem:
                     src, idx = node.args
                     vals = self.node_values[src]
                     self.node_values[node] = vals[idx] if isinstance(vals, list) else vals
@@ -317,15 +466,7 @@ class _MethodEmitter:
                 out_node = node
             elif node.op != "placeholder":
                 raise ExportError(f"method '{self.name}': cannot emit node '{node.name}' ({node.op})")
-        end = len(self.instructions)
-        outputs = []
-        for a in pytree.tree_leaves(out_node.args[0]) if out_node is not None else []:
-            if isinstance(a, torch.fx.Node):
-                vid = self._node_tensor(a)
-                self.use(vid, end)
-            else:
-                vid = self.convert_arg(a, torch._C.NoneType.get(), [])
-            outputs.append(vid)
+        outputs, output_names = self.emit_outputs(out_node)
         # memory plan
         buffers = [Buffer(v, self.values[v].nbytes, self.first_use[v], self.last_use[v]) for v in self.planned]
         mp = plan_memory(buffers, self.alignment)
@@ -347,15 +488,19 @@ class _MethodEmitter:
             warnings.simplefilter("ignore", FutureWarning)
             in_spec = pytree.treespec_dumps(self.ep.call_spec.in_spec)
             out_spec = pytree.treespec_dumps(self.ep.call_spec.out_spec)
-        output_names = [getattr(s.arg, "name", str(s.arg)) for s in sig.output_specs]
         plan = pf.PlanDef(
             name=self.name, values=self.values, inputs=self.inputs, outputs=outputs,
             input_spec=in_spec, output_spec=out_spec,
             input_names=[s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT],
-            output_names=output_names[:len(outputs)] + [f"output_{i}" for i in range(len(output_names), len(outputs))],
-            operators=self.operators, delegates=self.delegates, instructions=self.instructions,
-            arena_size=mp.arena_size, debug_buffer_bytes=debug_bytes)
+            output_names=output_names, operators=self.operators, delegates=self.delegates,
+            instructions=self.instructions, arena_size=mp.arena_size, debug_buffer_bytes=debug_bytes,
+            symbols=list(self.symbols.symbols), mutable_buffers=self.mutable_buffers)
         return EmittedMethod(plan, mp, self.debug_handle_map, self.delegate_map, self.num_outs)
+
+
+def _same_layout(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+            and not is_dynamic_tensor(a) and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride())
 
 
 def _is_delegate_call(node: torch.fx.Node) -> bool:

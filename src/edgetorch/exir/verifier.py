@@ -1,4 +1,9 @@
-"""The edge verifier: rejects, naming node, op and source line, anything the runtime cannot execute."""
+"""The edge verifier: rejects, naming node, op and source line, anything the runtime cannot execute.
+
+Accepted beyond plain tensor ops: bounded dynamic shapes (every symbol an input dim with a finite max; see
+``exir.symbolic``), symbolic-int nodes (``sym_size``, ``operator.*``, ``torch.sym_*``) the runtime evaluates
+from the input shapes, non-tensor user inputs (specialised constants or symbolic ints) and mutated buffers.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +23,23 @@ _IGNORED_TARGETS = {
 }
 
 
-def _is_static_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in v.shape)
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _unbounded(v: torch.Tensor, ranges: dict) -> list[str]:
+    """Free symbols of a tensor's sizes that have no finite upper bound (or are data-dependent)."""
+    bad = []
+    for s in v.shape:
+        if isinstance(s, torch.SymInt):
+            for sym in s.node.expr.free_symbols:
+                vr = ranges.get(sym)
+                try:
+                    ok = vr is not None and int(vr.upper) < (1 << 40)
+                except Exception:  # sympy's infinities raise all sorts
+                    ok = False
+                if not ok:
+                    bad.append(str(sym))
+    return bad
 
 
 def _fail(node: torch.fx.Node, what: str, reason: str, method: str) -> None:
@@ -29,48 +49,50 @@ def _fail(node: torch.fx.Node, what: str, reason: str, method: str) -> None:
         + (f"\n  source: {where}" if where else ""))
 
 
-def _check_val(node: torch.fx.Node, what: str, method: str) -> None:
+def _check_val(node: torch.fx.Node, what: str, method: str, ranges: dict) -> None:
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) else [val]
     for v in vals:
-        if v is None:
-            continue
         if isinstance(v, torch.Tensor):
-            if not _is_static_tensor(v):
-                _fail(node, what, f"its output has a dynamic shape {tuple(v.shape)}; "
-                      "edgetorch plans memory for static shapes only", method)
-        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            _fail(node, what, "it produces a symbolic scalar (dynamic shapes are not supported)", method)
+            bad = _unbounded(v, ranges)
+            if bad:
+                _fail(node, what, f"its output has the dynamic shape {tuple(v.shape)} and {', '.join(bad)} has no "
+                      "upper bound (a data-dependent size, or a torch.export.Dim without max); edgetorch plans "
+                      "memory at the upper bounds", method)
+        elif isinstance(v, (torch.SymFloat, torch.SymBool)):
+            _fail(node, what, f"it produces a symbolic {type(v).__name__} (only symbolic ints are supported)",
+                  method)
 
 
 def verify_edge_program(ep: ExportedProgram, method: str = "forward") -> None:
     """Raises ``UnsupportedOpError`` for the first node the runtime cannot execute."""
-    sig = ep.graph_signature
-    if getattr(sig, "buffers_to_mutate", None):
-        names = ", ".join(sorted(sig.buffers_to_mutate.values()))
-        raise UnsupportedOpError(f"method '{method}': the program mutates buffers ({names}); "
-                                 "in-place buffer updates are not supported by the edgetorch runtime yet")
+    ranges = ep.range_constraints
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             v = node.meta.get("val")
-            if not isinstance(v, torch.Tensor):
-                _fail(node, "input", f"non-tensor input of type {type(v).__name__} (only tensor inputs are "
-                      "supported)", method)
-            _check_val(node, "input", method)
+            if not isinstance(v, (torch.Tensor, torch.SymInt, *_SCALARS)):
+                _fail(node, "input", f"non-tensor input of type {type(v).__name__} (tensors, bool, int, float, "
+                      "str and None are supported)", method)
+            _check_val(node, "input", method, ranges)
         elif node.op == "get_attr":
             _fail(node, f"get_attr {node.target}", "submodules (control flow) are not supported", method)
         elif node.op == "call_function":
-            t = node.target
-            if t is operator.getitem:
-                continue
-            if not isinstance(t, torch._ops.OpOverload):
-                _fail(node, str(t), "only ATen operators (OpOverload) can be executed; "
-                      f"got {type(t).__name__}", method)
-            if t in _IGNORED_TARGETS:
-                continue
-            if t._schema.is_mutable:
-                _fail(node, str(t), "the op mutates its inputs in place", method)
-            for r in t._schema.returns:
-                if not isinstance(r.type, (torch.TensorType, torch.ListType)) and "Tensor" not in str(r.type):
-                    _fail(node, str(t), f"it returns a non-tensor value ({r.type})", method)
-            _check_val(node, str(t), method)
+            _check_call(node, method, ranges)
+
+
+def _check_call(node: torch.fx.Node, method: str, ranges: dict) -> None:
+    t = node.target
+    if t is operator.getitem or t in _IGNORED_TARGETS:
+        return
+    val = node.meta.get("val")
+    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+        return  # a size computation (sym_size, operator.mul, ...): evaluated by the runtime from input shapes
+    if not isinstance(t, torch._ops.OpOverload):
+        _fail(node, str(t), "only ATen operators (OpOverload) and size computations can be executed; "
+              f"got {type(t).__name__} producing {type(val).__name__}", method)
+    if t._schema.is_mutable:
+        _fail(node, str(t), "the op mutates its inputs in place", method)
+    for r in t._schema.returns:
+        if not isinstance(r.type, (torch.TensorType, torch.ListType)) and "Tensor" not in str(r.type):
+            _fail(node, str(t), f"it returns a non-tensor value ({r.type})", method)
+    _check_val(node, str(t), method, ranges)

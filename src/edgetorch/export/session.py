@@ -415,7 +415,7 @@ class ExportSession:
 
     def run_method(self, method_name: str = "forward", example_inputs: Sequence[Any] | None = None) -> Any:
         """Runs ``method_name`` of the exported program on the edgetorch runtime (default: its first example
-        input); returns the outputs."""
+        input); returns the flat list of outputs, as ``Method.execute``."""
         from edgetorch.runtime import Runtime, Verification
 
         if self._program is None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import flatbuffers
 
+from edgetorch.formats import symexpr
 from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import program_generated as fb
 from edgetorch.formats.errors import ProgramFormatError
@@ -28,7 +29,7 @@ from edgetorch.formats.errors import ProgramFormatError
 MAGIC = b"EDGTPROG"
 FB_IDENTIFIER = b"EDTP"
 HEADER_VERSION = 1
-PROGRAM_SCHEMA_VERSION = 1
+PROGRAM_SCHEMA_VERSION = 2  # 2: bounded dynamic shapes (symbols, SymInt values) and mutable buffers
 HEADER = struct.Struct("<8sIIQQQQ32s")  # magic, header ver, schema ver, fb off, fb size, seg off, seg size, hash
 HEADER_SIZE = 128
 ALIGNMENT = 64
@@ -46,6 +47,7 @@ PLACEMENT_PLANNED = fb.TensorPlacement.PLANNED
 PLACEMENT_CONSTANT = fb.TensorPlacement.CONSTANT
 PLACEMENT_ALIAS = fb.TensorPlacement.ALIAS
 PLACEMENT_DYNAMIC = fb.TensorPlacement.DYNAMIC
+PLACEMENT_MUTABLE = fb.TensorPlacement.MUTABLE
 
 CALL_OUT = fb.CallKind.OUT
 CALL_FUNCTIONAL_COPY = fb.CallKind.FUNCTIONAL_COPY
@@ -65,6 +67,8 @@ class TensorDef:
     nbytes: int
     arena_offset: int = -1
     constant_index: int = -1
+    sym_shape: str = ""  # JSON sizes/strides/offset expressions of a bounded dynamic shape ("" when static)
+    buffer_index: int = -1  # MUTABLE: index into PlanDef.mutable_buffers
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,38 @@ class MemoryFormatV:
 @dataclass(frozen=True)
 class DeviceV:
     value: str
+
+
+@dataclass(frozen=True)
+class SymIntV:
+    expr: str  # one JSON expression (formats.symexpr)
+
+
+@dataclass(frozen=True)
+class SymIntListV:
+    exprs: str  # a JSON list of expressions
+
+
+@dataclass(frozen=True)
+class SymbolDef:
+    """A bounded dynamic dim: read from dim ``dim`` of user input ``input`` (``dim == -1``: the input is the
+    int itself) and checked against ``[min, max]`` at every run."""
+
+    name: str
+    min: int
+    max: int
+    input: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class MutableBufferDef:
+    """A buffer the method updates in place; its initial value is constant ``constant_index``."""
+
+    name: str
+    constant_index: int
+    scalar_type: int
+    sizes: tuple[int, ...]
 
 
 # A value is one of: None, bool, int, float, str, TensorDef, or one of the *V wrappers above.
@@ -167,6 +203,8 @@ class PlanDef:
     instructions: list[InstructionDef]
     arena_size: int
     debug_buffer_bytes: int
+    symbols: list[SymbolDef] = field(default_factory=list)
+    mutable_buffers: list[MutableBufferDef] = field(default_factory=list)
 
 
 @dataclass
@@ -220,6 +258,7 @@ def _write_value(b: flatbuffers.Builder, v: Value) -> tuple[int, int]:
     if isinstance(v, TensorDef):
         sizes = _long_vec(b, fb.TensorStartSizesVector, v.sizes)
         strides = _long_vec(b, fb.TensorStartStridesVector, v.strides)
+        sym = b.CreateString(v.sym_shape) if v.sym_shape else None
         fb.TensorStart(b)
         fb.TensorAddScalarType(b, v.scalar_type)
         fb.TensorAddSizes(b, sizes)
@@ -229,6 +268,9 @@ def _write_value(b: flatbuffers.Builder, v: Value) -> tuple[int, int]:
         fb.TensorAddArenaOffset(b, v.arena_offset)
         fb.TensorAddNbytes(b, v.nbytes)
         fb.TensorAddConstantIndex(b, v.constant_index)
+        if sym is not None:
+            fb.TensorAddSymShape(b, sym)
+        fb.TensorAddBufferIndex(b, v.buffer_index)
         return K.Tensor, fb.TensorEnd(b)
     if isinstance(v, bool):
         fb.BoolStart(b)
@@ -289,7 +331,42 @@ def _write_value(b: flatbuffers.Builder, v: Value) -> tuple[int, int]:
         fb.DeviceStart(b)
         fb.DeviceAddValue(b, s)
         return K.Device, fb.DeviceEnd(b)
+    if isinstance(v, SymIntV):
+        e = b.CreateString(v.expr)
+        fb.SymIntStart(b)
+        fb.SymIntAddExpr(b, e)
+        return K.SymInt, fb.SymIntEnd(b)
+    if isinstance(v, SymIntListV):
+        e = b.CreateString(v.exprs)
+        fb.SymIntListStart(b)
+        fb.SymIntListAddExprs(b, e)
+        return K.SymIntList, fb.SymIntListEnd(b)
     raise TypeError(f"cannot serialize value of type {type(v).__name__}: {v!r}")
+
+
+def _write_symbols(b: flatbuffers.Builder, p: PlanDef) -> tuple[int, int]:
+    offs = []
+    for sym in p.symbols:
+        n = b.CreateString(sym.name)
+        fb.SymbolStart(b)
+        fb.SymbolAddName(b, n)
+        fb.SymbolAddMin(b, sym.min)
+        fb.SymbolAddMax(b, sym.max)
+        fb.SymbolAddInput(b, sym.input)
+        fb.SymbolAddDim(b, sym.dim)
+        offs.append(fb.SymbolEnd(b))
+    symbols = _offset_vec(b, fb.ExecutionPlanStartSymbolsVector, offs)
+    offs = []
+    for mb in p.mutable_buffers:
+        n = b.CreateString(mb.name)
+        sizes = _long_vec(b, fb.MutableBufferStartSizesVector, mb.sizes)
+        fb.MutableBufferStart(b)
+        fb.MutableBufferAddName(b, n)
+        fb.MutableBufferAddConstantIndex(b, mb.constant_index)
+        fb.MutableBufferAddScalarType(b, mb.scalar_type)
+        fb.MutableBufferAddSizes(b, sizes)
+        offs.append(fb.MutableBufferEnd(b))
+    return symbols, _offset_vec(b, fb.ExecutionPlanStartMutableBuffersVector, offs)
 
 
 def _write_plan(b: flatbuffers.Builder, p: PlanDef) -> int:
@@ -367,6 +444,7 @@ def _write_plan(b: flatbuffers.Builder, p: PlanDef) -> int:
     name = b.CreateString(p.name)
     in_spec = b.CreateString(p.input_spec)
     out_spec = b.CreateString(p.output_spec)
+    symbols, mutable = _write_symbols(b, p)
     fb.ExecutionPlanStart(b)
     fb.ExecutionPlanAddName(b, name)
     fb.ExecutionPlanAddValues(b, values)
@@ -381,6 +459,8 @@ def _write_plan(b: flatbuffers.Builder, p: PlanDef) -> int:
     fb.ExecutionPlanAddInstructions(b, instructions)
     fb.ExecutionPlanAddArenaSize(b, p.arena_size)
     fb.ExecutionPlanAddDebugBufferBytes(b, p.debug_buffer_bytes)
+    fb.ExecutionPlanAddSymbols(b, symbols)
+    fb.ExecutionPlanAddMutableBuffers(b, mutable)
     return fb.ExecutionPlanEnd(b)
 
 
@@ -495,7 +575,7 @@ def read_header(buf: memoryview | bytes, what: str = "program") -> FileHeader:
     if hver != HEADER_VERSION:
         raise ProgramFormatError(f"{what}: unsupported header version {hver} (this reader knows {HEADER_VERSION})",
                                  field="header.version")
-    if sver != PROGRAM_SCHEMA_VERSION:
+    if sver not in (1, PROGRAM_SCHEMA_VERSION):
         raise ProgramFormatError(
             f"{what}: unsupported program schema version {sver} (this runtime reads {PROGRAM_SCHEMA_VERSION})",
             field="header.schema_version")
@@ -538,9 +618,11 @@ _value_reader(_K.Dtype)(lambda t: DtypeV(t.scalar(0, "b")))
 _value_reader(_K.Layout)(lambda t: LayoutV(t.scalar(0, "b")))
 _value_reader(_K.MemoryFormat)(lambda t: MemoryFormatV(t.scalar(0, "b")))
 _value_reader(_K.Device)(lambda t: DeviceV(t.string(0)))
+_value_reader(_K.SymInt)(lambda t: SymIntV(t.string(0)))
+_value_reader(_K.SymIntList)(lambda t: SymIntListV(t.string(0)))
 _value_reader(_K.Tensor)(lambda t: TensorDef(
     t.scalar(0, "b"), t.scalars(1, "q"), t.scalars(2, "q"), t.scalar(3, "q"), t.scalar(4, "b"), t.scalar(6, "q"),
-    t.scalar(5, "q", -1), t.scalar(7, "i", -1)))
+    t.scalar(5, "q", -1), t.scalar(7, "i", -1), t.string(8), t.scalar(9, "i", -1)))
 
 
 def _read_value(ev: Table) -> Value:
@@ -571,7 +653,7 @@ def _read_instruction(ins: Table, i: int, plan: str) -> InstructionDef:
 
 # ExecutionPlan field indices (schema declaration order)
 _P_NAME, _P_VALUES, _P_INPUTS, _P_OUTPUTS, _P_IN_SPEC, _P_OUT_SPEC, _P_IN_NAMES, _P_OUT_NAMES = range(8)
-_P_OPERATORS, _P_DELEGATES, _P_INSTRUCTIONS, _P_ARENA, _P_DEBUG_BYTES = range(8, 13)
+_P_OPERATORS, _P_DELEGATES, _P_INSTRUCTIONS, _P_ARENA, _P_DEBUG_BYTES, _P_SYMBOLS, _P_MUTABLE = range(8, 15)
 
 
 def _read_plan(p: Table) -> PlanDef:
@@ -594,7 +676,11 @@ def _read_plan(p: Table) -> PlanDef:
         input_names=_strings_of(p, _P_IN_NAMES),
         output_names=list(_strings_of(p, _P_OUT_NAMES)),
         operators=operators, delegates=delegates, instructions=instructions,
-        arena_size=p.scalar(_P_ARENA, "q"), debug_buffer_bytes=p.scalar(_P_DEBUG_BYTES, "q"))
+        arena_size=p.scalar(_P_ARENA, "q"), debug_buffer_bytes=p.scalar(_P_DEBUG_BYTES, "q"),
+        symbols=[SymbolDef(t.string(0), t.scalar(1, "q"), t.scalar(2, "q"), t.scalar(3, "i"), t.scalar(4, "i"))
+                 for t in p.tables(_P_SYMBOLS)],
+        mutable_buffers=[MutableBufferDef(t.string(0), t.scalar(1, "i"), t.scalar(2, "b"),
+                                          tuple(t.scalars(3, "q"))) for t in p.tables(_P_MUTABLE)])
 
 
 def _strings_of(t: Table, i: int) -> list[str]:
@@ -635,6 +721,32 @@ def _ranges_of(t: Table, i: int) -> list[tuple[int, int]]:
     start, n = t._vector(i, 16)
     flat = struct.unpack_from(f"<{2 * n}Q", t.buf, start) if n else ()
     return [(flat[2 * k], flat[2 * k + 1]) for k in range(n)]
+
+
+def _check_mutable(p: PlanDef, k: int, v: TensorDef, fail: Callable[[str, str], None]) -> None:
+    fld = f"{p.name}.values[{k}].buffer_index"
+    if not 0 <= v.buffer_index < len(p.mutable_buffers):
+        fail(f"method '{p.name}': tensor value {k} refers to mutable buffer {v.buffer_index}, but the method has "
+             f"{len(p.mutable_buffers)}", fld)
+    mb = p.mutable_buffers[v.buffer_index]
+    if mb.scalar_type != v.scalar_type or tuple(mb.sizes) != tuple(v.sizes) or v.sym_shape:
+        fail(f"method '{p.name}': tensor value {k} does not match the dtype/shape of mutable buffer '{mb.name}'", fld)
+
+
+def _check_symbols(p: PlanDef, fail: Callable[[str, str], None]) -> None:
+    for j, sym in enumerate(p.symbols):
+        fld = f"{p.name}.symbols[{j}]"
+        if not 0 <= sym.min <= sym.max <= symexpr.MAX_LITERAL:
+            fail(f"method '{p.name}': symbol '{sym.name}' has the range [{sym.min}, {sym.max}]", fld)
+        if not 0 <= sym.input < len(p.inputs):
+            fail(f"method '{p.name}': symbol '{sym.name}' is read from input {sym.input}, but the method has "
+                 f"{len(p.inputs)}", fld)
+        v = p.values[p.inputs[sym.input]] if 0 <= p.inputs[sym.input] < len(p.values) else None
+        ok = (sym.dim == -1 and isinstance(v, (int, SymIntV))) or (
+            isinstance(v, TensorDef) and 0 <= sym.dim < len(v.sizes))
+        if not ok:
+            fail(f"method '{p.name}': symbol '{sym.name}' is read from dim {sym.dim} of input {sym.input}, which "
+                 "has no such dim", fld)
 
 
 def check_consistency(program: ProgramDef, segment_size: int) -> None:
@@ -685,11 +797,24 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
                         fail(f"{where}: tensor value {k} needs {v.nbytes} bytes but constant "
                              f"{v.constant_index} has {program.constants[v.constant_index][1]}",
                              f"{p.name}.values[{k}].nbytes")
+                elif v.placement == PLACEMENT_MUTABLE:
+                    _check_mutable(p, k, v, fail)
                 elif v.placement not in (PLACEMENT_ALIAS, PLACEMENT_DYNAMIC):
                     fail(f"{where}: tensor value {k} has unknown placement {v.placement}", f"{p.name}.values[{k}]")
+                if v.sym_shape:
+                    symexpr.parse_sym_shape(v.sym_shape, len(v.sizes), len(p.symbols), f"{p.name}.values[{k}]")
             elif isinstance(v, (TensorListV, OptionalTensorListV)):
                 for j in v.items:
                     idx(j, f"list value {k}", f"values[{k}]", allow_none=isinstance(v, OptionalTensorListV))
+            elif isinstance(v, SymIntV):
+                symexpr.parse_expr(v.expr, len(p.symbols), f"{p.name}.values[{k}]")
+            elif isinstance(v, SymIntListV):
+                symexpr.parse_expr_list(v.exprs, len(p.symbols), f"{p.name}.values[{k}]")
+        _check_symbols(p, fail)
+        for j, mb in enumerate(p.mutable_buffers):
+            if not 0 <= mb.constant_index < len(program.constants):
+                fail(f"{where}: mutable buffer '{mb.name}' refers to constant {mb.constant_index}, but the program "
+                     f"has {len(program.constants)}", f"{p.name}.mutable_buffers[{j}].constant_index")
         for j, i in enumerate(p.inputs):
             idx(i, f"input {j}", f"inputs[{j}]")
         for j, i in enumerate(p.outputs):

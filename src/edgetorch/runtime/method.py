@@ -6,11 +6,22 @@ exact sizes/strides the compiler planned, constants are viewed in place from the
 evaluated once (their outputs are fixed aliases of planned or constant storage) and every kernel call is bound
 to its arguments with ``functools.partial``. ``execute`` then copies the inputs into their planned slots, runs
 the calls and clones the outputs out of the arena.
+
+``execute`` follows the reference runtime: it takes the flat inputs (a sequence, or positional and keyword
+arguments as the model took them) and returns a flat list of outputs, so a program runs without the model's
+Python classes; ``method(*args, **kwargs)`` returns the model's own output structure instead. Non-tensor inputs
+that export specialised must be passed with the value they were exported with. Methods with bounded dynamic
+shapes are reshaped for each call (``runtime._shapes``); mutable buffers live in the ``Program`` (shared by its
+methods) until ``reset()``.
+
+Threads: one ``Method`` runs one call at a time (``execute`` holds a lock: its arena, state and tracer are
+shared); load the program twice to run it in parallel.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,16 +33,30 @@ import torch.utils._pytree as pytree
 from edgetorch.errors import DebugBufferOverflowError, KernelError, ProgramFormatError, RuntimeInputError
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
+from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
+from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
 from edgetorch.runtime.backend_registry import get_backend
 from edgetorch.runtime.ops import resolve_operator
 
 
 @dataclass(frozen=True)
 class TensorInfo:
+    """A tensor input or output; ``shape`` holds the upper bounds of dynamic dims, listed in ``dynamic_dims``."""
+
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
+    dynamic_dims: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A non-tensor input or output: the value the program was exported with (``None`` for a symbolic int)."""
+
+    name: str
+    value: Any
+    symbolic: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,8 +64,8 @@ class MethodMeta:
     """What a method takes and returns, and what it costs in memory."""
 
     name: str
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo | None, ...]
+    inputs: tuple[TensorInfo | ValueInfo, ...]
+    outputs: tuple[TensorInfo | ValueInfo | None, ...]
     arena_bytes: int
     num_instructions: int
     debug_buffer_bytes: int
@@ -82,9 +107,12 @@ class Method:
         self._plan = plan
         self.name = plan.name
         loaded = program._loaded
+        self._lock = threading.RLock()
         self._arena = torch.empty(plan.arena_size, dtype=torch.uint8)
         self._arena_views: dict[torch.dtype, torch.Tensor] = {}
         self._slots: list[Any] = [None] * len(plan.values)
+        self._shapes = ShapeBinder(plan, self.name) if plan.symbols else None
+        self._buffers: list[str] = []  # names of the mutable buffers this method uses
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only bytes object
             for i, v in enumerate(plan.values):
@@ -97,10 +125,9 @@ class Method:
                 self._calls.append(self._compile(k, ins))
         self._fast = [(k, c) for k, c in enumerate(self._calls) if c is not None]
         self._input_slots = [self._slots[i] for i in plan.inputs]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            self._in_spec = pytree.treespec_loads(plan.input_spec) if plan.input_spec else None
-            self._out_spec = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None
+        self._in_root = _treespec.parse(plan.input_spec, f"{self.name}.input_spec")
+        self._out_root = _treespec.parse(plan.output_spec, f"{self.name}.output_spec")
+        self._kwarg_order = _treespec.kwarg_order(self._in_root)
         self._meta = self._make_meta()
         self.tracer: Any = None  # set by the program when ETDump is enabled
 
@@ -116,10 +143,21 @@ class Method:
         if isinstance(v, pf.TensorDef):
             dtype = code_dtype(v.scalar_type)
             if v.placement == pf.PLACEMENT_PLANNED:
+                sizes, strides, off = v.sizes, v.strides, v.storage_offset
+                if v.sym_shape:
+                    if self._shapes is None:
+                        raise ProgramFormatError(f"method '{self.name}': value {i} has a symbolic shape but the "
+                                                 "method has no symbols", field=f"{self.name}.values[{i}]")
+                    sizes, strides, off = self._shapes.tensor(i, v, v.arena_offset // dtype.itemsize,
+                                                              f"{self.name}.values[{i}]")
                 if v.nbytes == 0:
-                    return torch.empty_strided(v.sizes, v.strides, dtype=dtype)
+                    return torch.empty_strided(sizes, strides, dtype=dtype)
                 base = self._arena_view(dtype)
-                return torch.as_strided(base, v.sizes, v.strides, v.arena_offset // dtype.itemsize + v.storage_offset)
+                return torch.as_strided(base, sizes, strides, v.arena_offset // dtype.itemsize + off)
+            if v.placement == pf.PLACEMENT_MUTABLE:
+                mb = self._plan.mutable_buffers[v.buffer_index]
+                self._buffers.append(mb.name)
+                return self._program._mutable_buffer(mb, self.name)
             if v.placement == pf.PLACEMENT_CONSTANT:
                 off, size = loaded.program.constants[v.constant_index]
                 if v.nbytes == 0:
@@ -144,6 +182,12 @@ class Method:
             return torch.device(v.value)
         if isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)):
             return v  # resolved when an instruction binds it (items may be aliases made earlier)
+        if isinstance(v, (pf.SymIntV, pf.SymIntListV)):
+            if self._shapes is None:
+                raise ProgramFormatError(f"method '{self.name}': value {i} is symbolic but the method has no "
+                                         "symbols", field=f"{self.name}.values[{i}]")
+            where = f"{self.name}.values[{i}]"
+            return self._shapes.scalar(v, where) if isinstance(v, pf.SymIntV) else self._shapes.int_list(v, where)
         return v  # None, bool, int, float, str
 
     def _arg(self, vid: int) -> Any:
@@ -186,24 +230,10 @@ class Method:
             k, f"native_call_{opdef.name.split('::')[-1]}.{opdef.overload}", ins.node_name, ins.debug_handle,
             ins.source, kind, list(c.outputs)))
         fn = getattr(op, "_op", op)
+        if any(isinstance(a, SymScalar) for a in (*pos, *kw.values())):
+            fn = with_sym_args(fn)  # a size that changes per run: read when the call runs
         if c.kind == pf.CALL_VIEW:
-            try:
-                r = op(*pos, **kw)
-            except Exception as e:
-                raise self._kernel_error(k, ins, op, e) from None
-            rs = list(r) if isinstance(r, (list, tuple)) else [r]
-            if len(rs) != len(c.outputs):
-                raise ProgramFormatError(f"method '{self.name}': view instruction {k} ({ins.node_name}) made "
-                                         f"{len(rs)} outputs, the program declares {len(c.outputs)}",
-                                         field=f"{self.name}.instructions[{k}].outputs")
-            for o, t in zip(c.outputs, rs):
-                want = plan.values[o]
-                if isinstance(want, pf.TensorDef) and list(t.shape) != want.sizes:
-                    raise ProgramFormatError(
-                        f"method '{self.name}': view instruction {k} ({ins.node_name}) made shape "
-                        f"{list(t.shape)}, the program declares {want.sizes}", field=f"{self.name}.values[{o}]")
-                self._slots[o] = t
-            return None
+            return self._compile_view(k, ins, op, pos, kw)
         for o, t in zip(c.outputs, out_tensors):
             if not isinstance(t, torch.Tensor):
                 raise ProgramFormatError(f"method '{self.name}': instruction {k} ({ins.node_name}) writes value {o}, "
@@ -234,6 +264,38 @@ class Method:
         raise ProgramFormatError(f"method '{self.name}': instruction {k} has unsupported call kind {kind}",
                                  field=f"{self.name}.instructions[{k}].kind")
 
+    def _compile_view(self, k: int, ins: pf.InstructionDef, op: Any, pos: list, kw: dict) -> None:
+        """Evaluates a view once (its output aliases fixed storage); a dynamic method re-runs it every call."""
+        c = ins.call
+
+        def evaluate() -> list[torch.Tensor]:
+            try:
+                r = op(*[resolve(a) for a in pos], **{n: resolve(a) for n, a in kw.items()})
+            except Exception as e:
+                raise self._kernel_error(k, ins, op, e) from None
+            return list(r) if isinstance(r, (list, tuple)) else [r]
+
+        rs = evaluate()
+        if len(rs) != len(c.outputs):
+            raise ProgramFormatError(f"method '{self.name}': view instruction {k} ({ins.node_name}) made "
+                                     f"{len(rs)} outputs, the program declares {len(c.outputs)}",
+                                     field=f"{self.name}.instructions[{k}].outputs")
+        for o, t in zip(c.outputs, rs):
+            want = self._plan.values[o]
+            if isinstance(want, pf.TensorDef) and list(t.shape) != want.sizes and not self._shapes:
+                raise ProgramFormatError(
+                    f"method '{self.name}': view instruction {k} ({ins.node_name}) made shape "
+                    f"{list(t.shape)}, the program declares {want.sizes}", field=f"{self.name}.values[{o}]")
+            self._slots[o] = t
+        if self._shapes is not None:
+            outs = [self._slots[o] for o in c.outputs]
+
+            def rerun() -> None:
+                for t, r in zip(outs, evaluate()):
+                    t.set_(r)
+            self._shapes.views.append(rerun)
+        return None
+
     def _compile_delegate(self, k: int, ins: pf.InstructionDef) -> Callable[[], Any]:
         c = ins.call
         d = self._plan.delegates[c.delegate_index]
@@ -257,19 +319,22 @@ class Method:
             backend.execute(handle, inputs, outputs, self.tracer)
         return call_delegate
 
+    def _info(self, name: str, v: Any) -> TensorInfo | ValueInfo:
+        if isinstance(v, pf.TensorDef):
+            dyn: tuple[int, ...] = ()
+            if v.sym_shape:
+                sizes = _sym_sizes(v)
+                dyn = tuple(d for d, e in enumerate(sizes) if not isinstance(e, int))
+            return TensorInfo(name, code_dtype(v.scalar_type), tuple(v.sizes), dyn)
+        if isinstance(v, (pf.SymIntV, pf.SymIntListV)):
+            return ValueInfo(name, None, symbolic=True)
+        return ValueInfo(name, v)
+
     def _make_meta(self) -> MethodMeta:
         plan = self._plan
-        ins = []
-        for name, vid in zip(plan.input_names, plan.inputs):
-            t = plan.values[vid]
-            ins.append(TensorInfo(name, code_dtype(t.scalar_type), tuple(t.sizes)))
-        outs = []
-        for name, vid in zip(plan.output_names, plan.outputs):
-            t = plan.values[vid]
-            outs.append(TensorInfo(name, code_dtype(t.scalar_type), tuple(t.sizes))
-                        if isinstance(t, pf.TensorDef) else None)
-        return MethodMeta(plan.name, tuple(ins), tuple(outs), plan.arena_size, len(plan.instructions),
-                          plan.debug_buffer_bytes)
+        ins = tuple(self._info(name, plan.values[vid]) for name, vid in zip(plan.input_names, plan.inputs))
+        outs = tuple(self._info(name, plan.values[vid]) for name, vid in zip(plan.output_names, plan.outputs))
+        return MethodMeta(plan.name, ins, outs, plan.arena_size, len(plan.instructions), plan.debug_buffer_bytes)
 
     # -- running ------------------------------------------------------------------------------------
     @property
@@ -285,51 +350,72 @@ class Method:
                            f"{ins.debug_handle}) failed: {type(e).__name__}: {e}{where}")
 
     def _flatten_inputs(self, args: tuple, kwargs: dict) -> list:
-        spec = self._in_spec
-        candidates = [(args, kwargs)]
-        if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs:
-            candidates.insert(0, (tuple(args[0]), {}))
-        last_spec = None
-        for a, kw in candidates:
-            flat, got = pytree.tree_flatten((tuple(a), dict(kw)))
-            if spec is None or got == spec:
-                return flat
-            last_spec = got
+        """The flat inputs: ``execute([a, b])`` (the reference's sequence), or ``execute(a, b, k=c)`` as the model
+        took them (keyword inputs in the order the program was exported with)."""
         n = len(self._plan.inputs)
-        raise RuntimeInputError(
-            f"method '{self.name}' expects {n} input(s) {self._meta.input_names} structured as {spec}, "
-            f"got {last_spec}")
+        if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs and len(args[0]) == n:
+            return list(args[0])
+        if kwargs and self._kwarg_order is not None and set(kwargs) == set(self._kwarg_order):
+            kwargs = {k: kwargs[k] for k in self._kwarg_order}
+        flat = pytree.tree_leaves((tuple(args), dict(kwargs)), is_leaf=lambda x: x is None)
+        if len(flat) != n:
+            raise RuntimeInputError(
+                f"method '{self.name}' expects {n} input(s) {self._meta.input_names}, got {len(flat)} (pass them "
+                "as the model took them, or as one flat sequence)")
+        return flat
+
+    def _check_value_input(self, info: ValueInfo, x: Any) -> None:
+        if info.symbolic:
+            if not isinstance(x, int) or isinstance(x, bool):
+                raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must be an int, got "
+                                        f"{type(x).__name__}")
+            return
+        if type(x) is not type(info.value) or x != info.value:
+            raise RuntimeInputError(
+                f"method '{self.name}': input '{info.name}' was exported as {info.value!r} and the program is "
+                f"specialised to it; got {x!r} (re-export with that value to run it)")
 
     def _check_and_copy_inputs(self, flat: list) -> None:
         if len(flat) != len(self._input_slots):
             raise RuntimeInputError(f"method '{self.name}' expects {len(self._input_slots)} input(s) "
                                     f"{self._meta.input_names}, got {len(flat)}")
         for info, slot, x in zip(self._meta.inputs, self._input_slots, flat):
+            if isinstance(info, ValueInfo):
+                self._check_value_input(info, x)
+                continue
             if not isinstance(x, torch.Tensor):
                 raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must be a tensor of "
                                         f"{info.dtype} {list(info.shape)}, got {type(x).__name__}")
             if x.dtype != info.dtype:
                 raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must have dtype {info.dtype}, "
                                         f"got {x.dtype}")
-            if tuple(x.shape) != info.shape:
+            if x.device.type != "cpu":
+                raise RuntimeInputError(f"method '{self.name}': input '{info.name}' is on device {x.device}; the "
+                                        "edgetorch runtime takes CPU tensors")
+            if x.shape != slot.shape:
                 raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must have shape "
-                                        f"{list(info.shape)}, got {list(x.shape)}")
+                                        f"{_shape_text(info, slot)}, got {list(x.shape)}")
             copy_into(slot, x)
 
-    def _collect_outputs(self) -> Any:
+    def _collect_outputs(self) -> list:
         flat = []
         for vid in self._plan.outputs:
             v = self._slots[vid]
+            if isinstance(v, SymScalar):
+                v = v.value
             flat.append(clone(v) if isinstance(v, torch.Tensor) else v)
-        if self._out_spec is None:
-            return flat
-        return pytree.tree_unflatten(flat, self._out_spec)
+        return flat
 
-    def execute(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the method. Accepts ``execute([x, y])`` (a sequence of inputs, as the reference runtime) or
-        ``execute(x, y)``; returns the outputs with the structure the eager model returned."""
+    def execute(self, *args: Any, **kwargs: Any) -> list:
+        """Runs the method and returns the flat list of its outputs (the reference runtime's convention).
+
+        Inputs: ``execute([x, y])`` (a sequence of the flat inputs, as the reference runtime) or ``execute(x, y,
+        mask=m)`` as the model took them. Use ``method(*args, **kwargs)`` for the model's own output structure."""
         flat = self._flatten_inputs(args, kwargs)
-        with torch.no_grad():
+        with self._lock, torch.no_grad():
+            if self._shapes is not None:
+                self._shapes.bind(flat)
+                self._shapes.apply(self._slots, self._arena_view)
             self._check_and_copy_inputs(flat)
             tracer = self.tracer
             if tracer is not None:
@@ -337,6 +423,22 @@ class Method:
             else:
                 self._run_fast()
             return self._collect_outputs()
+
+    def execute_structured(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the method and returns its outputs with the structure the eager model returned (the classes it
+        names, e.g. a ``transformers`` ModelOutput, must be importable and imported)."""
+        flat = self.execute(*args, **kwargs)
+        return _treespec.unflatten(self._plan.output_spec, self._out_root, flat, self.name)
+
+    def reset(self) -> None:
+        """Restores the initial value of every mutable buffer this method uses (e.g. empties a KV cache)."""
+        with self._lock:
+            self._program.reset_buffers(self._buffers)
+
+    @property
+    def buffer_names(self) -> list[str]:
+        """The mutable buffers this method reads and updates (state kept in the program across calls)."""
+        return list(self._buffers)
 
     def _run_fast(self) -> None:
         k = -1
@@ -368,8 +470,23 @@ class Method:
         return self._plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.execute(*args, **kwargs)
+        return self.execute_structured(*args, **kwargs)
 
     def __repr__(self) -> str:
         return (f"Method({self.name!r}, inputs={self._meta.input_names}, instructions={len(self._calls)}, "
                 f"arena={self._plan.arena_size} bytes)")
+
+
+def _sym_sizes(v: pf.TensorDef) -> list:
+    import json
+
+    try:
+        return json.loads(v.sym_shape)["sizes"]
+    except (ValueError, KeyError, TypeError):
+        return list(v.sizes)
+
+
+def _shape_text(info: TensorInfo, slot: torch.Tensor) -> str:
+    if not info.dynamic_dims:
+        return str(list(info.shape))
+    return " x ".join(f"<= {s}" if d in info.dynamic_dims else str(s) for d, s in enumerate(info.shape))

@@ -1,4 +1,9 @@
-"""``Runtime`` and ``Program``: load a .pte (path, bytes or file), verify it, and hand out methods."""
+"""``Runtime`` and ``Program``: load a .pte (path, bytes or file), verify it, and hand out methods.
+
+A ``Program`` also owns the state of its mutable buffers (a KV cache): one tensor per buffer name, shared by
+every method that names it (a ``prefill`` and a ``decode`` method update the same cache), initialised from the
+constant the compiler stored and restored by ``reset()``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,11 @@ import logging
 import threading
 from typing import Any
 
-from edgetorch.errors import EdgeTorchError, MethodNotFoundError
+import torch
+
+from edgetorch.errors import EdgeTorchError, MethodNotFoundError, ProgramFormatError
+from edgetorch.formats import program as pf
+from edgetorch.formats.dtypes import code_dtype
 from edgetorch.runtime.loader import LoadedFile, parse, read_data
 from edgetorch.runtime.method import Method
 
@@ -29,6 +38,7 @@ class Program:
         self._loaded = loaded
         self._methods: dict[str, Method] = {}
         self._plans = {p.name: p for p in loaded.program.plans}
+        self._buffers: dict[str, tuple[torch.Tensor, pf.MutableBufferDef]] = {}
         self._tracer = None
         if enable_etdump or debug_buffer_size or debug_buffer_path:
             from edgetorch.runtime.tracing import ProgramTracer  # only paid for when asked
@@ -59,6 +69,59 @@ class Program:
                 m = Method(self, self._plans[name])
             self._methods[name] = m
         return m
+
+    # -- mutable buffers ----------------------------------------------------------------------------
+    def _initial_value(self, mb: pf.MutableBufferDef) -> torch.Tensor:
+        loaded = self._loaded
+        off, size = loaded.program.constants[mb.constant_index]
+        dtype = code_dtype(mb.scalar_type)
+        numel = 1
+        for s in mb.sizes:
+            numel *= s
+        if numel * dtype.itemsize > size:
+            raise ProgramFormatError(f"mutable buffer '{mb.name}' needs {numel * dtype.itemsize} bytes, its initial "
+                                     f"value constant has {size}", field="mutable_buffers")
+        raw = torch.frombuffer(loaded.buffer, dtype=torch.uint8, count=numel * dtype.itemsize,
+                               offset=loaded.segment_base + off) if numel else torch.empty(0, dtype=torch.uint8)
+        return raw.view(dtype).view(mb.sizes)
+
+    def _mutable_buffer(self, mb: pf.MutableBufferDef, method: str) -> torch.Tensor:
+        """The state tensor of buffer ``mb.name`` (created from its initial value on first use)."""
+        held = self._buffers.get(mb.name)
+        if held is not None:
+            t, first = held
+            if (first.scalar_type, tuple(first.sizes)) != (mb.scalar_type, tuple(mb.sizes)):
+                raise ProgramFormatError(f"method '{method}' declares mutable buffer '{mb.name}' as "
+                                         f"{code_dtype(mb.scalar_type)} {list(mb.sizes)}, another method as "
+                                         f"{code_dtype(first.scalar_type)} {list(first.sizes)}",
+                                         field=f"{method}.mutable_buffers")
+            return t
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only buffer: copied right away
+            t = self._initial_value(mb).clone()
+        self._buffers[mb.name] = (t, mb)
+        return t
+
+    def reset_buffers(self, names: list[str] | None = None) -> None:
+        """Restores the initial value of the named mutable buffers (all when ``names`` is None)."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for name in (self._buffers if names is None else names):
+                t, mb = self._buffers[name]
+                t.copy_(self._initial_value(mb))
+
+    def reset(self) -> None:
+        """Restores every mutable buffer (e.g. empties the KV cache before a new prompt)."""
+        self.reset_buffers(None)
+
+    @property
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The current state of each mutable buffer (live tensors: copy before the next run)."""
+        return {name: t for name, (t, _) in self._buffers.items()}
 
     def metadata(self, name: str):
         return self.load_method(name).metadata

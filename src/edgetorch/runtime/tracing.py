@@ -36,7 +36,7 @@ from edgetorch.runtime._copy import clone
 
 ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
 _ZEROS = memoryview(bytes(ALIGNMENT))
-_STATIC_PLACEMENTS = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_ALIAS)
+_STATIC_PLACEMENTS = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_ALIAS, pf.PLACEMENT_MUTABLE)
 _memmove = ctypes.memmove  # releases the GIL while it copies
 ASYNC_MIN_BYTES = 2 << 20  # runs storing less copy inline, without a writer thread
 
@@ -452,7 +452,10 @@ class _MethodTrace:
         m = self.method
         v = m.plan.values[vid]
         cur = m.value(vid)
-        if isinstance(v, pf.TensorDef) and v.placement in _STATIC_PLACEMENTS and isinstance(cur, torch.Tensor):
+        reshaped = bool(m.plan.symbols) and (bool(v.sym_shape) or v.placement == pf.PLACEMENT_ALIAS) \
+            if isinstance(v, pf.TensorDef) else False  # shapes set per run: logged as they are after the op
+        if isinstance(v, pf.TensorDef) and v.placement in _STATIC_PLACEMENTS and isinstance(cur, torch.Tensor) \
+                and not reshaped:
             sizes = list(cur.shape)
             nbytes = cur.numel() * cur.element_size()
             o = _Out(j, vid, name, False, ed.Tensor(dtype_code(cur.dtype), sizes, contiguous_strides(sizes),

@@ -32,11 +32,11 @@ def _check_model(name: str, tmp_path) -> None:
     method = low.method()
     with torch.no_grad():
         want = model(*inputs)
-    got = method.execute(*inputs)
+    got = method.execute_structured(*inputs)
     got = got[0] if isinstance(got, (list, tuple)) else got
     assert rel_err(got, want) <= 1e-4
     # a second run reuses the bindings and gives the same result
-    again = method.execute(*inputs)
+    again = method.execute_structured(*inputs)
     torch.testing.assert_close(again[0] if isinstance(again, (list, tuple)) else again, got, rtol=0, atol=0)
 
     # debug run: one logged value per edge op of the partition, each equal to that op's eager output
@@ -77,7 +77,7 @@ def test_seed_flow_to_edge_transform_and_lower_and_file_roundtrip(tmp_path):
     et = epm.to_executorch()
     path = tmp_path / "vit_tiny_ort.pte"
     et.save(path)
-    out = Runtime.get().load_program(path).load_method("forward").execute(*inputs)
+    out = Runtime.get().load_program(path).load_method("forward").execute_structured(*inputs)
     assert rel_err(out, model(*inputs)) <= 1e-4
     # the delegate map names the backend and maps its ids to edge handles of the partition
     (entry,) = et.delegate_map["forward"].values()

@@ -157,7 +157,7 @@ def test_op_runs_on_ort_like_eager(op):
     inner = {n.target for c in call for n in c.meta["lowered_module"].original_module.graph.nodes}
     assert op in inner, f"{op} is not in the delegated partition ({part.rejected})"
     assert op not in {n.target for n in compute_nodes(ep)}
-    got = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute(*inputs)
+    got = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute_structured(*inputs)
     want = mod(*inputs)
     assert got.dtype == want.dtype
     if want.is_floating_point():

@@ -38,7 +38,7 @@ def test_excluded_op_splits_into_partitions_with_portable_ops_between():
     assert [n.target for n in compute_nodes(low.lowered)] == [torch.ops.aten.gelu.default]
     info = get_delegation_info(low.lowered.graph_module)
     assert info.num_delegated_subgraphs == 2 and info.delegation_by_operator["gelu"] == (0, 1)
-    out = low.method().execute(x)
+    out = low.method().execute_structured(x)
     want = model(x)
     for g, w in zip(out, want):
         assert rel_err(g, w) <= 1e-5
@@ -57,7 +57,7 @@ def test_exclude_nodes_and_module_paths():
     part.partition(to_edge(torch.export.export(model, (x,))).exported_program())
     assert any("l2" in r.reason for r in part.rejected)
     for low_ in (low, low2):
-        out = low_.method().execute(x)
+        out = low_.method().execute_structured(x)
         assert rel_err(out[0], model(x)[0]) <= 1e-5
 
 
@@ -78,7 +78,7 @@ def test_partitions_are_convex():
     assert set(groups) == set(res.partition_tags)
     assert len(groups) >= 2
     assert all(validate_partition(nodes) for nodes in groups.values())
-    out = lower_ort(Diamond(), (x,), exclude_ops=["gelu"]).method().execute(x)
+    out = lower_ort(Diamond(), (x,), exclude_ops=["gelu"]).method().execute_structured(x)
     assert rel_err(out, Diamond()(x)) <= 1e-6
 
 
@@ -92,7 +92,7 @@ def test_multi_method_program():
         assert len(delegate_calls(epm.exported_program(m))) == 1
     prog = Runtime.get().load_program(epm.to_executorch().buffer)
     for m, inp in inputs.items():
-        got = prog.load_method(m).execute(*inp)
+        got = prog.load_method(m).execute_structured(*inp)
         want = getattr(model, m)(*inp)
         assert rel_err(got[0] if isinstance(got, (list, tuple)) else got, want) <= 1e-5
 
@@ -123,7 +123,7 @@ def test_fallback_leaves_unexportable_op_to_the_portable_backend():
     assert [n.target for n in compute_nodes(ep)] == [torch.ops.aten._cdist_forward.default]
     assert len(delegate_calls(ep)) == 2
     assert any(r.op == "aten._cdist_forward.default" and "no ONNX translation" in r.reason for r in part.rejected)
-    out = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute(x, y)
+    out = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute_structured(x, y)
     assert rel_err(out, WithCdist()(x, y)) <= 1e-5
 
 
@@ -137,7 +137,7 @@ def test_unsupported_dtype_stays_portable():
     low = lower_ort(F64(), (x,))
     part.partition(low.edge)
     assert any("float64" in r.reason for r in part.rejected)
-    out = low.method().execute(x)
+    out = low.method().execute_structured(x)
     assert rel_err(out, F64()(x)) <= 1e-6
 
 
@@ -149,7 +149,7 @@ def test_keep_whole_linear_and_layer_norm():
     call = delegate_calls(epm.exported_program())[0]
     inner = {n.target for n in call.meta["lowered_module"].original_module.graph.nodes}
     assert torch.ops.aten.linear.default in inner
-    out = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute(*inputs)
+    out = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute_structured(*inputs)
     assert rel_err(out, model(*inputs)) <= 1e-4
 
 

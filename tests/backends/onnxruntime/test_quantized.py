@@ -21,8 +21,8 @@ from edgetorch.backends.onnxruntime import _blob
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate
 from edgetorch.devtools import Inspector
 from edgetorch.errors import ObserverEffectWarning
-from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
 from edgetorch.export.quantizer import SymmetricInt8Quantizer
+from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import (
@@ -68,13 +68,13 @@ def test_qdq_nodes_are_delegated_and_export_as_quantize_linear(quantized):
 
 def test_without_optimizations_ort_matches_the_quantized_reference(quantized):
     q, inputs, _, plain = quantized
-    out = plain.method().execute(*inputs)
+    out = plain.method().execute_structured(*inputs)
     assert rel_err(out, q(*inputs)) <= 1e-5
 
 
 def test_default_optimizations_run_integer_kernels_with_a_visible_gap(quantized, tmp_path):
     q, inputs, low, _ = quantized
-    out = low.method().execute(*inputs)
+    out = low.method().execute_structured(*inputs)
     gap = rel_err(out, q(*inputs))
     assert gap <= 0.2  # requantization in integer kernels rounds differently from the Q/DQ reference
     prog = Runtime.get().load_program(low.et.buffer, enable_etdump=True)
@@ -93,7 +93,7 @@ def test_inspector_reports_the_observer_effect_of_fused_integer_kernels(tmp_path
     low = lower_ort(q, inputs)
     prog = Runtime.get().load_program(low.et.buffer, enable_etdump=True, debug_buffer_size="auto")
     method = prog.load_method("forward")
-    out = method.execute(*inputs)
+    out = method.execute_structured(*inputs)
     dump, dbg = tmp_path / "q.etdp", tmp_path / "q.bin"
     prog.write_etdump_result_to_file(dump, dbg)
     # independently, on this machine: the exposing session's final outputs against the plain run's. Whether

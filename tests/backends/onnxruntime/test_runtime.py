@@ -158,7 +158,7 @@ def test_blob_roundtrip_and_external_weights_are_zero_copy(cnn):
 def test_profile_events_inside_the_delegate_map_to_edge_handles(cnn):
     prog = Runtime.get().load_program(cnn.et.buffer, enable_etdump=True)
     method = prog.load_method("forward")
-    out = method.execute(*cnn.inputs)
+    out = method.execute_structured(*cnn.inputs)
     assert rel_err(out, cnn.model(*cnn.inputs)) <= 1e-5
     events = delegate_profile_events(prog)
     assert len(events) >= 5
@@ -200,7 +200,7 @@ def test_observer_effect_modes(cnn, tmp_path):
             prog = Runtime.get().load_program(cnn.et.buffer, debug_buffer_size="auto")
             method = prog.load_method("forward")
             for _ in range(3):
-                out = method.execute(*cnn.inputs)
+                out = method.execute_structured(*cnn.inputs)
                 assert rel_err(out, cnn.model(*cnn.inputs)) <= 1e-5
             assert _handle(method).observer_checks == expect
         finally:
@@ -279,7 +279,7 @@ def test_intermediates_are_written_in_place_into_a_fixed_debug_buffer(cnn, tmp_p
     outs = []
     for i, inp in enumerate(seq):
         before = len(puts)
-        outs.append(m.execute(inp))
+        outs.append(m.execute_structured(inp))
         if i:  # after the first run (which learns the shapes) ORT writes the values into the buffer itself
             assert len(puts) - before <= 2, len(puts) - before
     (tmp_path / "fixed").mkdir()

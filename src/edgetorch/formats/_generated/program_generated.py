@@ -33,6 +33,7 @@ class TensorPlacement(object):
     CONSTANT = 1
     ALIAS = 2
     DYNAMIC = 3
+    MUTABLE = 4
 
 
 class KernelTypes(object):
@@ -52,6 +53,8 @@ class KernelTypes(object):
     Layout = 13
     MemoryFormat = 14
     Device = 15
+    SymInt = 16
+    SymIntList = 17
 
 
 class CallKind(object):
@@ -185,8 +188,22 @@ class Tensor(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return -1
 
+    # Tensor
+    def SymShape(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Tensor
+    def BufferIndex(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return -1
+
 def TensorStart(builder):
-    builder.StartObject(8)
+    builder.StartObject(10)
 
 def TensorAddScalarType(builder, scalarType):
     builder.PrependInt8Slot(0, scalarType, 0)
@@ -217,6 +234,12 @@ def TensorAddNbytes(builder, nbytes):
 
 def TensorAddConstantIndex(builder, constantIndex):
     builder.PrependInt32Slot(7, constantIndex, -1)
+
+def TensorAddSymShape(builder, symShape):
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(symShape), 0)
+
+def TensorAddBufferIndex(builder, bufferIndex):
+    builder.PrependInt32Slot(9, bufferIndex, -1)
 
 def TensorEnd(builder):
     return builder.EndObject()
@@ -888,6 +911,86 @@ def DeviceEnd(builder):
 
 
 
+class SymInt(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = SymInt()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsSymInt(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def SymIntBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x45\x44\x54\x50", size_prefixed=size_prefixed)
+
+    # SymInt
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # SymInt
+    def Expr(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def SymIntStart(builder):
+    builder.StartObject(1)
+
+def SymIntAddExpr(builder, expr):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(expr), 0)
+
+def SymIntEnd(builder):
+    return builder.EndObject()
+
+
+
+class SymIntList(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = SymIntList()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsSymIntList(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def SymIntListBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x45\x44\x54\x50", size_prefixed=size_prefixed)
+
+    # SymIntList
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # SymIntList
+    def Exprs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def SymIntListStart(builder):
+    builder.StartObject(1)
+
+def SymIntListAddExprs(builder, exprs):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(exprs), 0)
+
+def SymIntListEnd(builder):
+    return builder.EndObject()
+
+
+
 class EValue(object):
     __slots__ = ['_tab']
 
@@ -1532,6 +1635,179 @@ def TensorSpecEnd(builder):
 
 
 
+class Symbol(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = Symbol()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsSymbol(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def SymbolBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x45\x44\x54\x50", size_prefixed=size_prefixed)
+
+    # Symbol
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # Symbol
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Symbol
+    def Min(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # Symbol
+    def Max(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # Symbol
+    def Input(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # Symbol
+    def Dim(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def SymbolStart(builder):
+    builder.StartObject(5)
+
+def SymbolAddName(builder, name):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+
+def SymbolAddMin(builder, min):
+    builder.PrependInt64Slot(1, min, 0)
+
+def SymbolAddMax(builder, max):
+    builder.PrependInt64Slot(2, max, 0)
+
+def SymbolAddInput(builder, input):
+    builder.PrependInt32Slot(3, input, 0)
+
+def SymbolAddDim(builder, dim):
+    builder.PrependInt32Slot(4, dim, 0)
+
+def SymbolEnd(builder):
+    return builder.EndObject()
+
+
+
+class MutableBuffer(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = MutableBuffer()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsMutableBuffer(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def MutableBufferBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x45\x44\x54\x50", size_prefixed=size_prefixed)
+
+    # MutableBuffer
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # MutableBuffer
+    def Name(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # MutableBuffer
+    def ConstantIndex(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # MutableBuffer
+    def ScalarType(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int8Flags, o + self._tab.Pos)
+        return 0
+
+    # MutableBuffer
+    def Sizes(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # MutableBuffer
+    def SizesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # MutableBuffer
+    def SizesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # MutableBuffer
+    def SizesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
+def MutableBufferStart(builder):
+    builder.StartObject(4)
+
+def MutableBufferAddName(builder, name):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
+
+def MutableBufferAddConstantIndex(builder, constantIndex):
+    builder.PrependInt32Slot(1, constantIndex, 0)
+
+def MutableBufferAddScalarType(builder, scalarType):
+    builder.PrependInt8Slot(2, scalarType, 0)
+
+def MutableBufferAddSizes(builder, sizes):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(sizes), 0)
+
+def MutableBufferStartSizesVector(builder, numElems):
+    return builder.StartVector(8, numElems, 8)
+
+def MutableBufferEnd(builder):
+    return builder.EndObject()
+
+
+
 class ExecutionPlan(object):
     __slots__ = ['_tab']
 
@@ -1779,8 +2055,56 @@ class ExecutionPlan(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # ExecutionPlan
+    def Symbols(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = Symbol()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # ExecutionPlan
+    def SymbolsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ExecutionPlan
+    def SymbolsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        return o == 0
+
+    # ExecutionPlan
+    def MutableBuffers(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = MutableBuffer()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # ExecutionPlan
+    def MutableBuffersLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ExecutionPlan
+    def MutableBuffersIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        return o == 0
+
 def ExecutionPlanStart(builder):
-    builder.StartObject(13)
+    builder.StartObject(15)
 
 def ExecutionPlanAddName(builder, name):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
@@ -1844,6 +2168,18 @@ def ExecutionPlanAddArenaSize(builder, arenaSize):
 
 def ExecutionPlanAddDebugBufferBytes(builder, debugBufferBytes):
     builder.PrependInt64Slot(12, debugBufferBytes, 0)
+
+def ExecutionPlanAddSymbols(builder, symbols):
+    builder.PrependUOffsetTRelativeSlot(13, flatbuffers.number_types.UOffsetTFlags.py_type(symbols), 0)
+
+def ExecutionPlanStartSymbolsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def ExecutionPlanAddMutableBuffers(builder, mutableBuffers):
+    builder.PrependUOffsetTRelativeSlot(14, flatbuffers.number_types.UOffsetTFlags.py_type(mutableBuffers), 0)
+
+def ExecutionPlanStartMutableBuffersVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
 
 def ExecutionPlanEnd(builder):
     return builder.EndObject()
