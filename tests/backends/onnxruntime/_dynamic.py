@@ -1,16 +1,25 @@
-"""Test helpers for dynamic shapes: models with a dynamic sequence length, edge programs exported with
-``torch.export.Dim`` bounds, and ``partition_reexport_with_dims``, which makes lowering re-export a partition
-with the dynamic dims of its inputs (what ``edgetorch.exir.backend.lowering._partition_program`` does not do
-yet: it re-exports partitions at static example shapes, and fails on symbolic ones)."""
+"""Test helpers for dynamic shapes and mutable buffers in ORT delegates.
+
+* ``partition_reexport_with_dims`` makes lowering re-export a partition with the dynamic dims of its inputs
+  (what ``edgetorch.exir.backend.lowering._partition_program`` does not do yet: it builds its example inputs
+  with ``torch.randn(val.shape)``, which fails on symbolic sizes and drops strides (a partition viewing SDPA's
+  permuted output then fails to re-export, static shapes too), and exports without ``dynamic_shapes``).
+* ``run_lowered`` runs a lowered program in eager PyTorch with each delegate called the way the runtime calls
+  it (outputs: views at this run's shapes of memory planned at the upper bounds), carrying mutated buffers.
+* ``LendingTracer`` stands for the runtime tracer in debug runs (lent debug-buffer memory, logged values).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
-from torch.export import Dim
+from torch.export import Dim, ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
 
 
 def _hint(size: object) -> int:
@@ -23,11 +32,13 @@ def _hint(size: object) -> int:
 
 
 def hinted_example(val: torch.Tensor) -> torch.Tensor:
-    """A random tensor of ``val``'s dtype at its example (hint) shape."""
-    shape = tuple(_hint(s) for s in val.shape)
+    """A random tensor of ``val``'s dtype at its example (hint) shape and strides (a permuted layout, such as
+    SDPA's output, must stay viewable the way the graph views it)."""
+    t = torch.empty_strided(tuple(_hint(s) for s in val.shape), tuple(_hint(s) for s in val.stride()),
+                            dtype=val.dtype)
     if val.dtype.is_floating_point:
-        return torch.randn(shape, dtype=val.dtype)
-    return torch.zeros(shape, dtype=val.dtype)
+        return t.normal_()
+    return t.zero_()
 
 
 def dims_of_placeholders(gm: torch.fx.GraphModule) -> tuple | None:
@@ -56,25 +67,113 @@ def dims_of_placeholders(gm: torch.fx.GraphModule) -> tuple | None:
 
 @contextlib.contextmanager
 def partition_reexport_with_dims() -> Iterator[None]:
-    """Within the block, lowering re-exports each partition with the dynamic dims of its inputs (examples at
-    the hint shapes). A lowering that already passes ``dynamic_shapes`` is left alone."""
+    """Within the block, lowering re-exports each partition with the dynamic dims of its inputs, from example
+    inputs at the hint shapes and the strides of the values they stand for (``hinted_example``). An export
+    call that already passes ``dynamic_shapes`` is left alone."""
     from edgetorch.exir.backend import lowering
 
     real_export, real_example = torch.export.export, lowering._example
-
-    def example(val: torch.Tensor) -> torch.Tensor:
-        try:
-            return real_example(val)
-        except RuntimeError:  # symbolic sizes
-            return hinted_example(val)
 
     def export(mod: Any, args: tuple, *a: Any, dynamic_shapes: Any = None, **kw: Any) -> Any:
         if dynamic_shapes is None and isinstance(mod, torch.fx.GraphModule):
             dynamic_shapes = dims_of_placeholders(mod)
         return real_export(mod, args, *a, dynamic_shapes=dynamic_shapes, **kw)
 
-    lowering._example, torch.export.export = example, export
+    lowering._example, torch.export.export = hinted_example, export
     try:
         yield
     finally:
         lowering._example, torch.export.export = real_example, real_export
+
+
+def upper_bound_storage(h: Any) -> list[torch.Tensor]:
+    """One flat tensor per output of delegate ``h`` holding its largest shape (every symbol at its max)."""
+    from edgetorch.backends.onnxruntime import _shapes
+    from edgetorch.backends.onnxruntime.runtime import _TORCH_DTYPES
+
+    env = {k: v[1] for k, v in h.dim_bounds.items()}
+    return [torch.empty(math.prod(_shapes.resolve(o["shape"], env)), dtype=_TORCH_DTYPES[np.dtype(o["dtype"])])
+            for o in h.header["outputs"]]
+
+
+def run_lowered(ep: ExportedProgram, inputs: tuple, buffers: dict[str, torch.Tensor] | None = None,
+                handles: dict[str, Any] | None = None, tracer: Any = None) -> tuple[list, dict[str, torch.Tensor]]:
+    """Runs a lowered edge program in eager PyTorch, each ``call_delegate`` by its ORT delegate as the runtime
+    calls it: outputs are views, shaped for this run (sizes evaluated from the input sizes), of memory sized at
+    the upper bounds (the same addresses every run). ``buffers`` overrides buffer values; ``handles`` caches
+    delegates by key. Returns the user outputs and ``{buffer: new value}`` of the mutated buffers."""
+    from edgetorch.backends.onnxruntime import _shapes
+    from edgetorch.backends.onnxruntime.runtime import OrtDelegate, OrtRuntime
+    from edgetorch.exir.backend import CALL_DELEGATE
+
+    handles = {} if handles is None else handles
+    storage: dict[str, list[torch.Tensor]] = {}
+    args, user = [], iter(inputs)
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            args.append(next(user))
+        elif buffers is not None and spec.target in buffers:
+            args.append(buffers[spec.target])
+        else:
+            args.append(ep.state_dict.get(spec.target, ep.constants.get(spec.target)))
+
+    class Run(torch.fx.Interpreter):
+        def call_function(self, target: Any, a: tuple, kw: dict) -> Any:
+            if target is not CALL_DELEGATE:
+                return super().call_function(target, a, kw)
+            ins, key = list(a[0]), a[1]
+            lm = next(n for n in ep.graph.nodes if n.op == "call_function" and n.target is CALL_DELEGATE
+                      and n.args[1] == key).meta["lowered_module"]
+            h = handles.setdefault(key, OrtDelegate(lm.processed_bytes, dict(lm.compile_spec_items)))
+            env = h.symbols(ins)  # this run's shapes, as the runtime computes them from the input sizes
+            shapes = [_shapes.resolve(o["shape"], env) for o in h.header["outputs"]]
+            flat = storage.setdefault(key, upper_bound_storage(h))
+            outs = [f[:math.prod(shape)].view(shape) for f, shape in zip(flat, shapes)]
+            OrtRuntime().execute(h, ins, outs, tracer)
+            return outs
+
+    with torch.no_grad():
+        flat_out = Run(ep.graph_module).run(*args)
+    flat_out = list(flat_out) if isinstance(flat_out, (list, tuple)) else [flat_out]
+    user_out, mutated = [], {}
+    for spec, v in zip(ep.graph_signature.output_specs, flat_out):
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            mutated[spec.target] = v.clone()
+        elif spec.kind == OutputKind.USER_OUTPUT:
+            user_out.append(v.clone() if isinstance(v, torch.Tensor) else v)
+    return user_out, mutated
+
+
+class LendingTracer:
+    """The part of the runtime's tracer a delegate sees in a debug run: lends memory of a debug buffer
+    (recording each request's shape) and records what the delegate logs."""
+
+    logs_intermediates = True
+
+    def __init__(self, nbytes: int = 64 << 20) -> None:
+        self.buffer = torch.zeros(nbytes, dtype=torch.uint8)
+        self.used = 0
+        self.requests: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.logged: list[tuple[Any, Any]] = []
+
+    def delegate_output_buffer(self, shape: Any, dtype: torch.dtype) -> torch.Tensor | None:
+        shape = tuple(int(s) for s in shape)
+        self.requests.append((shape, dtype))
+        n = torch.empty(shape, dtype=dtype).nbytes
+        if n == 0:
+            return None
+        t = self.buffer[self.used:self.used + n].view(dtype).view(shape)
+        self.used += (n + 63) // 64 * 64
+        return t
+
+    def log_delegate_output(self, name: Any, value: Any, *, snapshot: bool = True) -> None:  # noqa: ARG002
+        self.logged.append((name, value))
+
+    def logged_bytes(self) -> int:
+        """Bytes the logged tensors take in a debug buffer (each 64-byte aligned)."""
+        tensors = [t for _, v in self.logged for t in (v if isinstance(v, list) else [v])
+                   if isinstance(t, torch.Tensor)]
+        return sum((t.nbytes + 63) // 64 * 64 for t in tensors)
+
+    def reset(self) -> None:
+        self.used, self.requests, self.logged = 0, [], []
