@@ -226,3 +226,30 @@ def test_zoo_transformer_encoder_with_a_dynamic_sequence_length():
     tokens = torch.randint(0, 1000, (1, top))
     run_lowered(lowered, (tokens,), handles=handles, tracer=tracer)
     assert tracer.logged_bytes() == h.debug_buffer_bytes  # the longest run logs exactly what the blob declares
+
+
+def test_a_size_read_inside_and_outside_partitions_gets_a_portable_copy(tiny):
+    model, edge, _, _, _ = tiny
+    sym_size = torch.ops.aten.sym_size.int
+    # a view reading the sequence length, kept portable between two partitions that read it too
+    view = next(n for n in edge.graph.nodes if n.target is torch.ops.aten.view.default
+                and any(getattr(a, "target", None) is sym_size for a in n.args[1])
+                and n.args[0].target is torch.ops.aten.permute.default)
+    _, lowered, _ = _lower(model, (torch.randn(1, 8, 32),), ({1: Dim("seq", min=LO, max=HI)},),
+                           exclude_nodes=[view.name])
+    calls = delegate_calls(lowered)
+    assert len(calls) == 2
+    portable = compute_nodes(lowered)
+    assert sorted(str(n.target) for n in portable) == sorted(map(str, [sym_size, view.target]))
+    (size,) = [n for n in portable if n.target is sym_size]
+    assert [u.target for u in size.users] == [view.target]
+    for call in calls:
+        assert all(isinstance(a.meta["val"], torch.Tensor) for a in call.args[0])
+        inner = call.meta["lowered_module"].original_module
+        assert any(n.target is sym_size for n in inner.graph.nodes)  # its own copy of the size
+    handles: dict = {}
+    for s in (HI, LO, 21):
+        x = torch.randn(1, s, 32)
+        (got,), _ = run_lowered(lowered, (x,), handles=handles)
+        with torch.no_grad():
+            assert rel_err(got, model(x)) <= 1e-5, s
