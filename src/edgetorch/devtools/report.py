@@ -1,5 +1,8 @@
 """A one-file HTML report: numeric gaps along the graph (picture + sortable table) and the op profile.
 
+Integer and bool rows are compared exactly (``metric`` ``MISMATCH_FRACTION``, with their ``mismatches``
+count): the table shows them with their metric, the chart leaves them out, and any mismatch marks them.
+
 No external assets: charts are inline SVG, sorting is a few lines of inline JavaScript, so the file can be
 mailed or attached to a bug report as is.
 """
@@ -69,10 +72,21 @@ def _short_source(src: str) -> str:
     return os.path.basename(head) + sep + rest if sep else str(src)
 
 
+def _exact(df: pd.DataFrame) -> list[bool]:
+    """Rows compared exactly (integer/bool: ``metric`` is the mismatch fraction, not the chosen distance)."""
+    from edgetorch.devtools.inspector.comparators import EXACT_METRIC
+
+    exact = df.attrs.get("exact_metric", EXACT_METRIC)
+    return [m == exact for m in df["metric"]] if "metric" in df else [False] * len(df)
+
+
 def gap_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 300) -> str:
-    """Accumulated and local gap per row (log scale), delegate rows in another colour."""
-    gaps = [_val(g) for g in df["gap"]] if len(df) else []
-    local = [_val(g) for g in df["local_gap"]] if "local_gap" in df and len(df) else []
+    """Accumulated and local gap per row (log scale), delegate rows in another colour. Exact (integer/bool)
+    rows are left out of the curve: their mismatch fraction is not on the scale of the distance."""
+    exact = _exact(df)
+    gaps = [None if x else _val(g) for g, x in zip(df["gap"], exact, strict=True)] if len(df) else []
+    local = ([None if x else _val(g) for g, x in zip(df["local_gap"], exact, strict=True)]
+             if "local_gap" in df and len(df) else [])
     pos = [g for g in gaps + local if g is not None and g > 0 and math.isfinite(g)]
     if not pos:
         return "<p>All gaps are zero: the runtime reproduces the reference exactly.</p>"
@@ -166,10 +180,11 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
         out.append(f"<h2>Numeric gap ({_e(distance)}) along the graph</h2>")
         out.append(gap_chart_svg(gap_df))
         first = None
+        exact = _exact(gap_df)
         if threshold is not None:
             for i, g in enumerate(gap_df["gap"]):
                 v = _val(g)
-                if v is not None and v > threshold:
+                if v is not None and (v > 0 if exact[i] else v > threshold):
                     first = i
                     break
         cov = gap_df.attrs.get("coverage")
@@ -186,20 +201,25 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
             out.append(f"<p class='{'warn' if changed else ''}'><b>Observer effect</b>: {effect:.3g} relative "
                        f"(tolerance {OBSERVER_EFFECT_TOLERANCE:g}); {_e(note)}.</p>")
         out.append("<h2>Per-op gaps</h2><table class='sortable'><thead><tr>")
-        cols = ["#", "aot_ops", "runtime_ops", "gap", "local_gap", "shape", "delegate", "module", "source",
-                "stack trace"]
+        cols = ["#", "aot_ops", "runtime_ops", "gap", "local_gap", "metric", "mismatches", "dtype", "shape",
+                "delegate", "module", "source", "stack trace"]
         out.append("".join(f"<th>{c}</th>" for c in cols) + "</tr></thead><tbody>")
-        worst = max((_val(g) or 0.0 for g in gap_df["gap"]), default=0.0)
+        worst = max((_val(g) or 0.0 for g, x in zip(gap_df["gap"], exact, strict=True) if not x), default=0.0)
         for i, row in gap_df.reset_index(drop=True).iterrows():
             g, lg = _val(row["gap"]), _val(row.get("local_gap"))
-            cls = "first" if first == i else ("hot" if worst and g and g >= 0.5 * worst else "")
+            hot = (g or 0) > 0 if exact[i] else bool(worst and g and g >= 0.5 * worst)
+            cls = "first" if first == i else ("hot" if hot else "")
+            mism = row.get("mismatches")
             traces = "".join(f"<pre>{_e(k)}:\n{_e(v)}</pre>" for k, v in (row["stacktraces"] or {}).items() if v)
             out.append(
                 f"<tr class='{cls}'><td class='num'>{i}</td><td>{_e(', '.join(map(str, row['aot_ops'])))}</td>"
                 f"<td>{_e(', '.join(map(str, row['runtime_ops'])))}</td>"
                 f"<td class='num' data-v='{g if g is not None else ''}'>{_fmt(g)}</td>"
                 f"<td class='num' data-v='{lg if lg is not None else ''}'>{_fmt(lg)}</td>"
-                f"<td>{_e(row.get('shape', ''))}</td><td>{_e(row.get('delegate') or '')}</td>"
+                f"<td>{_e(row.get('metric') or '')}</td>"
+                f"<td class='num'>{'' if mism is None or mism != mism else int(mism)}</td>"
+                f"<td>{_e(row.get('dtype') or '')}</td><td>{_e(row.get('shape', ''))}</td>"
+                f"<td>{_e(row.get('delegate') or '')}</td>"
                 f"<td>{_e(row.get('module', ''))}</td><td>{_e(_short_source(row.get('source', '')))}</td>"
                 f"<td><details><summary>show</summary>{traces}</details></td></tr>")
         out.append("</tbody></table>")

@@ -54,6 +54,7 @@ TENSORS = "tensors.bin"
 DEBUG_HANDLE_MAP = "debug_handle_map.json"
 DELEGATE_MAP = "delegate_map.json"
 NUM_OUTS_MAP = "instruction_id_to_num_outs_map.json"
+DELEGATE_OUTPUTS = "delegate_outputs.json"
 INPUTS = "representative_inputs.json"
 OUTPUTS = "reference_outputs.json"
 REFERENCE_INDEX = "reference/index.json"
@@ -140,6 +141,26 @@ def norm_delegate_entry(e: Any, pairs: bool = False) -> dict[str, Any]:
     return {"name": e["name"], "delegate_map": out}
 
 
+def _output_source(v: Any) -> list[int] | None:
+    if v is None:
+        return None
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                              for x in v) and v[1] >= 0:
+        return [v[0], v[1]]
+    raise ValueError(f"delegate output source {v!r} is neither null nor [debug handle, output index]")
+
+
+def norm_delegate_outputs(m: Any) -> dict[str, dict[int, list[list[int] | None]]]:
+    """``{method: {instruction id: [[debug handle, output index] | None per delegate output]}}``: the edge op
+    (and which of its outputs) each output of a delegate call is."""
+    def outs(v: Any) -> list[list[int] | None]:
+        if not isinstance(v, (list, tuple)) or len(v) > 1_000_000:
+            raise ValueError("delegate outputs must be a list")
+        return [_output_source(x) for x in v]
+    return {meth: {_int_key(i): outs(v) for i, v in d.items()}
+            for meth, d in _per_method(m, "delegate_outputs").items()}
+
+
 def norm_delegate_map(m: Any, pairs: bool = False) -> dict[str, dict[int, dict[str, Any]]]:
     return {meth: {_int_key(i): norm_delegate_entry(e, pairs) for i, e in d.items()}
             for meth, d in _per_method(m, "delegate_map").items()}
@@ -217,6 +238,9 @@ def build_entries(rec: ETRecord) -> list[Entry]:
         entries.append((DELEGATE_MAP, _json_bytes(
             {m: {str(i): {"name": e["name"], "delegate_map": [[k, list(v)] for k, v in e["delegate_map"].items()]}
                  for i, e in d.items()} for m, d in rec._delegate_map.items()})))
+    if rec._delegate_outputs is not None:
+        entries.append((DELEGATE_OUTPUTS, _json_bytes(
+            {m: {str(i): v for i, v in d.items()} for m, d in rec._delegate_outputs.items()})))
     if rec._instruction_id_to_num_outs_map is not None:
         entries.append((NUM_OUTS_MAP, _json_bytes(
             {m: {str(i): v for i, v in d.items()} for m, d in rec._instruction_id_to_num_outs_map.items()})))
@@ -572,7 +596,8 @@ def read_archive(source: str | IO[bytes] | bytes, path: str | None) -> tuple[dic
     fields: dict[str, Any] = {"program_hash": ph, "memory_plan": mp}
     for name, key, norm in ((DEBUG_HANDLE_MAP, "_debug_handle_map", norm_debug_handle_map),
                             (DELEGATE_MAP, "_delegate_map", lambda m: norm_delegate_map(m, pairs=True)),
-                            (NUM_OUTS_MAP, "_instruction_id_to_num_outs_map", norm_num_outs_map)):
+                            (NUM_OUTS_MAP, "_instruction_id_to_num_outs_map", norm_num_outs_map),
+                            (DELEGATE_OUTPUTS, "delegate_outputs", norm_delegate_outputs)):
         if not r.has(name):
             if name == DEBUG_HANDLE_MAP:
                 r.bytes(name)  # raises: required

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from typing import IO, Any
 
@@ -58,6 +59,43 @@ def _suites(bundled: Any) -> list[Any]:
     return list(suites)
 
 
+def _output_source(node: Any) -> list[int] | None:
+    """[debug handle, output index] of one output node of a delegated partition."""
+    from edgetorch.exir.debug_handles import get_debug_handle
+
+    if not isinstance(node, torch.fx.Node):
+        return None
+    index = 0
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and isinstance(node.args[1], int):
+        node, index = node.args[0], node.args[1]
+    h = get_debug_handle(node) if node.op == "call_function" else None
+    return None if h is None else [h, index]
+
+
+def _delegate_outputs(et_manager: Any, delegate_map: dict[str, dict[int, dict]] | None
+                      ) -> dict[str, dict[int, list[list[int] | None]]] | None:
+    """Per delegate call, the edge op behind each of its outputs, read from the lowered partition the call
+    runs (its outputs are the call's outputs, in order). None when ``et_manager`` does not expose them."""
+    try:
+        program = et_manager.program
+        out: dict[str, dict[int, list[list[int] | None]]] = {}
+        for m, calls in (delegate_map or {}).items():
+            nodes = {n.name: n for n in et_manager.exported_program(m).graph.nodes}
+            instructions = program.plan(m).instructions
+            for iid in calls:
+                node = nodes.get(instructions[iid].node_name)
+                lowered = node.meta.get("lowered_module") if node is not None else None
+                if lowered is None:
+                    continue
+                sub = lowered.original_module
+                res = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+                res = list(res) if isinstance(res, (list, tuple)) else [res]
+                out.setdefault(m, {})[iid] = [_output_source(o) for o in res[:len(sub.graph_signature.output_specs)]]
+        return out
+    except (AttributeError, KeyError, IndexError, TypeError, StopIteration):
+        return None
+
+
 class ETRecord:
     """The debug record of one compiled program, produced ahead of time and read by the Inspector.
 
@@ -81,7 +119,8 @@ class ETRecord:
                  _reference_outputs: dict[str, list[Any]] | None = None,
                  _representative_inputs: dict[str, list[tuple]] | None = None,
                  *, exported_programs: dict[str, ExportedProgram] | None = None, program_hash: str | None = None,
-                 memory_plan: dict[str, dict[str, Any]] | None = None) -> None:
+                 memory_plan: dict[str, dict[str, Any]] | None = None,
+                 delegate_outputs: dict[str, dict[int, list[list[int] | None]]] | None = None) -> None:
         # program dicts; None while a parsed record has not loaded them yet (``_lazy`` then loads them)
         self._lazy: ar.ArchiveSource | None = None
         self._aten_programs: dict[str, ExportedProgram] | None = dict(exported_programs or {})
@@ -101,6 +140,7 @@ class ETRecord:
         self._representative_inputs: dict[str, list[tuple]] | None = _representative_inputs
         self.program_hash: str | None = program_hash
         self.memory_plan: dict[str, dict[str, Any]] | None = memory_plan
+        self._delegate_outputs = None if delegate_outputs is None else ar.norm_delegate_outputs(delegate_outputs)
 
     # -- programs ---------------------------------------------------------------------------------------------
     def _programs(self, role: str) -> dict[str, ExportedProgram]:
@@ -259,6 +299,13 @@ class ETRecord:
         return self._instruction_id_to_num_outs_map
 
     @property
+    def delegate_outputs(self) -> dict[str, dict[int, list[list[int] | None]]] | None:
+        """``{method: {instruction id of a delegate call: [[debug handle, output index] | None, ...]}}``: per
+        output of the call, the edge op that computes it (and which of that op's outputs it is); None for
+        records written before this table existed."""
+        return self._delegate_outputs
+
+    @property
     def representative_inputs(self) -> dict[str, list[tuple]] | None:
         return self._representative_inputs
 
@@ -290,6 +337,7 @@ class ETRecord:
             self._instruction_id_to_num_outs_map = ar.norm_num_outs_map(et_manager.instruction_id_to_num_outs_map)
         except ValueError as e:
             raise ETRecordError(f"bad side table from the emitter: {e}") from e
+        self._delegate_outputs = _delegate_outputs(et_manager, self._delegate_map)
         self.program_hash = getattr(et_manager, "content_hash", None)
         report = getattr(et_manager, "memory_plan_report", None)
         self.memory_plan = report() if callable(report) else None
@@ -373,7 +421,7 @@ class ETRecord:
             v = self.__dict__[k]
             new.__dict__[k] = None if v is None else dict(v)
         for k in ("_debug_handle_map", "_delegate_map", "_instruction_id_to_num_outs_map", "_reference_outputs",
-                  "_representative_inputs", "memory_plan"):
+                  "_representative_inputs", "memory_plan", "_delegate_outputs"):
             v = getattr(self, k)
             setattr(new, k, None if v is None else {m: (dict(d) if isinstance(d, dict) else list(d))
                                                     for m, d in v.items()})

@@ -2,7 +2,13 @@
 
 Every metric compares an AOT (reference) tensor ``a`` with a runtime tensor ``b`` as flat vectors of the same
 number of elements (shapes may differ when one side is a view of the other), in their common floating precision
-(at least float32) with sums accumulated in float64. NaNs count as differences.
+(at least float32) with sums accumulated in float64. Elements that are equal (same-signed infinities included)
+differ by 0; NaNs count as differences.
+
+Integer and bool tensors are never measured with these metrics (an MSE of raw integers says nothing, and an
+index off by one is as wrong as one off by 2**63): the Inspector compares them exactly, as ``EXACT_METRIC``
+(``"MISMATCH_FRACTION"``): the fraction of elements that differ, 0.0 when equal, with the count alongside
+(``mismatch_count``). Larger is worse, whatever the metric chosen for floating-point rows.
 """
 
 from __future__ import annotations
@@ -34,6 +40,27 @@ class NumericalComparatorBase(ABC):
         return float(self.element_compare(a, b))
 
 
+#: the metric of integer and bool rows: fraction of mismatching elements (0.0 = identical)
+EXACT_METRIC = "MISMATCH_FRACTION"
+
+
+def is_exact_dtype(dtype: torch.dtype) -> bool:
+    """Integer and bool dtypes: compared element by element for equality, never with a distance."""
+    return not (dtype.is_floating_point or dtype.is_complex)
+
+
+def mismatch_count(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Number of elements that differ between two tensors of the same dtype and element count."""
+    if a.dtype != b.dtype or a.numel() != b.numel():
+        raise ValueError(f"cannot compare {a.dtype}{list(a.shape)} with {b.dtype}{list(b.shape)} exactly")
+    return int(torch.count_nonzero(a.detach().reshape(-1) != b.detach().reshape(-1)))
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a - b`` with equal elements (same-signed infinities too, where ``inf - inf`` is NaN) giving 0."""
+    return torch.where(a == b, torch.zeros((), dtype=a.dtype), a - b)
+
+
 def _prep(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat views of both tensors in a common floating dtype of at least float32 (no copy for float32)."""
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
@@ -56,7 +83,7 @@ class MSEComparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return 0.0
-        return _sq_norm(a - b) / a.numel()
+        return _sq_norm(_diff(a, b)) / a.numel()
 
 
 class L1Comparator(NumericalComparatorBase):
@@ -69,7 +96,7 @@ class L1Comparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return 0.0
-        return torch.linalg.vector_norm(a - b, ord=1, dtype=torch.float64).item()
+        return torch.linalg.vector_norm(_diff(a, b), ord=1, dtype=torch.float64).item()
 
 
 class MaxAbsComparator(NumericalComparatorBase):
@@ -80,7 +107,7 @@ class MaxAbsComparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return 0.0
-        return torch.max(torch.abs(a - b)).item()
+        return torch.max(torch.abs(_diff(a, b))).item()
 
 
 class SNRComparator(NumericalComparatorBase):
@@ -93,7 +120,7 @@ class SNRComparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return math.inf
-        noise = _sq_norm(a - b)
+        noise = _sq_norm(_diff(a, b))
         signal = _sq_norm(a)
         if noise == 0.0:
             return math.inf

@@ -9,6 +9,7 @@ was recorded from a different program than the ETRecord describes.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -288,6 +289,7 @@ class Inspector:
     def _runtime_entries(self, block: EventBlock, run: int) -> tuple[list[RuntimeEntry], set[int]]:
         rec = self._etrecord
         dmap = (rec.delegate_map or {}).get(block.method, {})
+        sources = (getattr(rec, "delegate_outputs", None) or {}).get(block.method, {})
         entries: list[RuntimeEntry] = []
         by_handle: dict[int, RuntimeEntry] = {}
         inner_covered: set[int] = set()
@@ -306,7 +308,8 @@ class Inspector:
             if ev.instruction_id in dmap:
                 if data:
                     entries.append(RuntimeEntry(tuple(ev.debug_handles), ["DELEGATE_CALL"], data, ev.instruction_id,
-                                                ev.delegate_backend_name, is_delegate_call=True))
+                                                ev.delegate_backend_name, is_delegate_call=True,
+                                                output_sources=sources.get(ev.instruction_id)))
                 continue
             h = ev.debug_handles if isinstance(ev.debug_handles, int) else None
             if h is None or h == 0:
@@ -398,30 +401,54 @@ class Inspector:
         return df
 
     def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None:
-        """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE)."""
-        from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE
-
-        worse = LARGER_IS_WORSE.get(df.attrs.get("distance", "MSE"), True)
+        """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE). An exact
+        row (integer/bool, ``metric`` ``MISMATCH_FRACTION``) diverges as soon as one element differs."""
         for _, row in df.iterrows():
             g = row["gap"][0]
-            if g is None:
-                continue
-            if (g > threshold) if worse else (g < threshold):
+            if g is not None and _diverges(row, g, threshold, df.attrs.get("distance", "MSE")):
                 return row
         return None
 
     def find_culprits(self, df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
-        """Rows ranked by the error each op adds itself (``local_gap``), worst first."""
+        """Rows ranked by the error each op adds itself (``local_gap``), worst first. Exact (integer/bool) rows
+        with mismatching elements rank before every floating-point row; exact rows without any, after them."""
         from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE
 
         worse = LARGER_IS_WORSE.get(df.attrs.get("distance", "MSE"), True)
-        key = df["local_gap"].apply(lambda v: v[0] if v and v[0] is not None else float("nan"))
-        order = key.sort_values(ascending=not worse, na_position="last").index
+        exact = _exact_rows(df)
+
+        def key(i: Any) -> float:
+            v = df.at[i, "local_gap"]
+            g = v[0] if v and v[0] is not None else None
+            if g is None:
+                return float("nan")
+            if exact[i]:
+                return (math.inf if g > 0 else -math.inf) if worse else (-math.inf if g > 0 else math.inf)
+            return g
+
+        keys = pd.Series([key(i) for i in df.index], index=df.index, dtype=float)
+        order = keys.sort_values(ascending=not worse, na_position="last").index
         return df.loc[order[:top]]
 
     def __repr__(self) -> str:
         return (f"Inspector(methods={self.methods}, blocks={len(self.event_blocks)}, "
                 f"etrecord={'yes' if self._etrecord is not None else 'no'})")
+
+
+def _exact_rows(df: pd.DataFrame) -> pd.Series:
+    from edgetorch.devtools.inspector.comparators import EXACT_METRIC
+
+    if "metric" not in df:
+        return pd.Series(False, index=df.index)
+    return df["metric"] == df.attrs.get("exact_metric", EXACT_METRIC)
+
+
+def _diverges(row: pd.Series, g: float, threshold: float, distance: str) -> bool:
+    from edgetorch.devtools.inspector.comparators import EXACT_METRIC, LARGER_IS_WORSE
+
+    if row.get("metric") == EXACT_METRIC:
+        return g > 0
+    return (g > threshold) if LARGER_IS_WORSE.get(distance, True) else (g < threshold)
 
 
 def _fmt(v: Any) -> str:

@@ -6,12 +6,28 @@ handles as the edge ops decomposed from them) on the representative inputs, keep
 handles one op inside a delegate computes); (3) pair each runtime group with the output of the last reference op
 of the group and compare them. Besides this *accumulated* gap, a second pass re-runs every reference op on the
 runtime's own intermediate values and compares again: the *local* gap, which isolates the error each op adds.
+
+Pairing rules. A row never pairs tensors of different dtypes, and never guesses between runtime outputs that
+could both fit. A kernel's outputs follow its ATen outputs, so its first output of the reference's dtype and
+element count is taken. A DELEGATE_CALL is compared on the output computed by its latest reference op, located
+through the ETRecord's ``delegate_outputs`` table (the edge op behind each delegate output); without that table
+(older records) a delegate value must fit unambiguously. A group that cannot be paired is listed in
+``coverage.unmatched`` with the reason.
+
+Columns. ``gap`` / ``local_gap`` hold one value each (in a list). ``metric`` names what they measure:
+floating-point rows use the requested distance (``MSE``, ``SNR``, ... or the custom comparator's ``name``);
+integer and bool rows are compared exactly and report ``MISMATCH_FRACTION`` (``comparators.EXACT_METRIC``): the
+fraction of elements that differ (0.0 = identical, larger is worse, whatever the distance), with the count of
+differing elements in ``mismatches`` (None on floating-point rows). ``dtype`` is the dtype both sides share.
+``df.attrs["distance"]`` is the requested metric and ``df.attrs["exact_metric"]`` the one of exact rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +35,12 @@ import pandas as pd
 import torch
 import torch.fx
 
-from edgetorch.devtools.inspector.comparators import NumericalComparatorBase
+from edgetorch.devtools.inspector.comparators import (
+    EXACT_METRIC,
+    NumericalComparatorBase,
+    is_exact_dtype,
+    mismatch_count,
+)
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 
 log = logging.getLogger(__name__)
@@ -37,6 +58,13 @@ class RuntimeEntry:
     in_delegate_call: int | None = None  # instruction id of the enclosing DELEGATE_CALL for inner ops
     is_delegate_call: bool = False
     order: tuple = ()
+    #: for a delegate call: per output, [debug handle, output index] of the edge op computing it (None: unknown)
+    output_sources: list[list[int] | None] | None = None
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        v = self.value
+        return [v] if isinstance(v, torch.Tensor) else [t for t in (v or []) if isinstance(t, torch.Tensor)]
 
 
 @dataclass
@@ -65,17 +93,54 @@ def _first_tensor(v: Any) -> torch.Tensor | None:
     return None
 
 
-def _pick_runtime(value: Any, like: torch.Tensor) -> torch.Tensor | None:
-    """The runtime tensor of an entry that corresponds to the reference tensor ``like`` (same element count)."""
-    if isinstance(value, torch.Tensor):
-        return value if value.numel() == like.numel() else None
-    cands = [t for t in value if isinstance(t, torch.Tensor) and t.numel() == like.numel()]
-    for pred in (lambda t: t.dtype == like.dtype and tuple(t.shape) == tuple(like.shape),
-                 lambda t: t.dtype == like.dtype, lambda t: True):
-        pool = [t for t in cands if pred(t)]
-        if pool:
-            return pool[0]  # the primary output of a multi-output kernel comes first
-    return None
+def _describe(ts: list[torch.Tensor]) -> str:
+    return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in ts[:6]) or "none"
+
+
+def _pick_runtime(e: RuntimeEntry, like: Any) -> torch.Tensor | str:
+    """The runtime tensor of entry ``e`` that corresponds to the reference value ``like`` (a tensor or a fake
+    tensor of the same dtype and shape): one of the same dtype and element count, never another dtype. A kernel
+    lists its outputs in the order of its ATen outputs, so the first fitting one is taken; a value logged by
+    or inside a delegate whose outputs are not known one by one must fit unambiguously (several fitting
+    outputs that differ give no pair). Returns the reason as a string when nothing fits."""
+    ts = e.tensors
+    fit = [t for t in ts if t.dtype == like.dtype and t.numel() == like.numel()]
+    if not fit:
+        return (f"no runtime output has the dtype and element count of the reference output "
+                f"({str(like.dtype).removeprefix('torch.')}{list(like.shape)}; runtime: {_describe(ts)})")
+    fit = [t for t in fit if tuple(t.shape) == tuple(like.shape)] or fit
+    delegated = e.is_delegate_call or e.in_delegate_call is not None
+    if delegated and len(fit) > 1 and not all(torch.equal(fit[0], t) for t in fit[1:]):
+        return (f"{len(fit)} outputs of the delegate have the reference's dtype and shape and the record does not "
+                "say which op computes which")
+    return fit[0]
+
+
+def _resolve(e: RuntimeEntry, last: dict[int, torch.fx.Node], order: dict[int, int]
+             ) -> tuple[int, int | None] | str:
+    """(handle whose reference output the entry is compared with, index of the runtime tensor or None to pick
+    by dtype/shape). A delegate call whose output sources are known is compared on the output that the latest
+    reference op computes, never on another output that merely has the same dtype and shape."""
+    if e.is_delegate_call and e.output_sources and len(e.output_sources) == len(e.tensors):
+        outs = [(order[src[0]], -src[1], i, src[0]) for i, src in enumerate(e.output_sources)
+                if src is not None and src[0] in last]
+        if outs:
+            _, _, i, h = max(outs)
+            return h, i
+    cands = [h for h in e.handles if h in last]
+    if not cands:
+        return "no reference op carries these debug handles"
+    return max(cands, key=order.__getitem__), None
+
+
+def _runtime_tensor(e: RuntimeEntry, index: int | None, like: Any) -> torch.Tensor | str:
+    if index is None:
+        return _pick_runtime(e, like)
+    t = e.tensors[index]
+    if t.dtype != like.dtype or t.numel() != like.numel():
+        return (f"delegate output {index} ({_describe([t])}) is computed by the reference op, whose output is "
+                f"{_describe([like])}")
+    return t
 
 
 def _is_view(n: torch.fx.Node) -> bool:
@@ -127,6 +192,11 @@ class _JointWalk(torch.fx.Interpreter):
 
         args = torch.fx.node.map_aggregate(n.args, sub)
         kwargs = torch.fx.node.map_aggregate(n.kwargs, sub)
+        if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+            # an in-place op (index_put_ into a cache buffer) re-run on runtime values must not write into the
+            # reference's own tensors, which later reference ops still read
+            args, kwargs = torch.utils._pytree.tree_map(
+                lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (args, kwargs))
         return getattr(self, n.op)(n.target, args, kwargs)
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -163,8 +233,8 @@ class _JointWalk(torch.fx.Interpreter):
         self.local[h] = self._keep(n, local)
         rt = self.runtime.get(h)
         ref = _first_tensor(out)
-        if rt is not None and ref is not None and rt.numel() == ref.numel():
-            sub = self._keep(n, rt.reshape(ref.shape).to(ref.dtype))
+        if rt is not None and ref is not None and rt.numel() == ref.numel() and rt.dtype == ref.dtype:
+            sub = self._keep(n, rt.reshape(ref.shape))
             self.exact.add(n)
             self.same[h] = same = torch.equal(sub, ref)
             if not same:
@@ -191,6 +261,53 @@ def reference_handles(gm: torch.fx.GraphModule) -> tuple[dict[int, torch.fx.Node
     return last, nodes
 
 
+@contextlib.contextmanager
+def _restored_state(gm: torch.fx.GraphModule, mutated: set[torch.fx.Node]) -> Iterator[None]:
+    """Runs the reference on copies of the attributes (cache buffers) its in-place ops write, so every run starts
+    from the state recorded in the ETRecord, like the program's first execution, and the values recorded
+    during the run (aliases of those copies) stay as they were computed."""
+    saved: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    for n in mutated:
+        if n.op != "get_attr":
+            continue
+        *path, name = str(n.target).split(".")
+        owner = gm.get_submodule(".".join(path)) if path else gm
+        t = getattr(owner, name, None)
+        if not isinstance(t, torch.Tensor):
+            continue
+        copy = t.detach().clone()
+        setattr(owner, name, torch.nn.Parameter(copy, t.requires_grad) if isinstance(t, torch.nn.Parameter)
+                else copy)
+        saved.append((owner, name, t))
+    try:
+        yield
+    finally:
+        for owner, name, t in saved:
+            setattr(owner, name, t)
+
+
+def _unmatched(e: RuntimeEntry, reason: str) -> dict[str, Any]:
+    return {"side": "runtime", "ops": e.ops, "handles": e.handles, "instruction_id": e.instruction_id,
+            "reason": reason}
+
+
+def compare_values(comparator: NumericalComparatorBase, ref: torch.Tensor, rt: torch.Tensor,
+                   identical: bool = False) -> tuple[float, str, int | None]:
+    """(gap, metric name, mismatching elements) of one pair of same-dtype tensors: integer and bool tensors are
+    compared exactly (``EXACT_METRIC``: the fraction of elements that differ, and their count), floating-point
+    ones with ``comparator`` (``identical``: known bit-identical, its ``identical_value`` is used if it has one)."""
+    if ref.dtype != rt.dtype:
+        raise ValueError(f"cannot compare a {ref.dtype} tensor with a {rt.dtype} tensor")
+    if is_exact_dtype(ref.dtype):
+        n = mismatch_count(ref, rt)
+        return (n / ref.numel() if ref.numel() else 0.0), EXACT_METRIC, n
+    name = getattr(comparator, "name", type(comparator).__name__)
+    ident = getattr(comparator, "identical_value", None)
+    if identical and ident is not None:
+        return ident, name, None
+    return comparator.compare(ref, rt), name, None
+
+
 def _module_path(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
@@ -210,47 +327,36 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
     # are resolved against the reference's output *shapes*, known from node metadata or a first walk.
     cov = Coverage(runtime_total=len(entries), aot_total=len(last))
     runtime: dict[int, torch.Tensor] = {}
-    picked: list[tuple[RuntimeEntry, int]] = []
+    picked: list[tuple[RuntimeEntry, int, int | None]] = []
     for e in entries:
-        cands = [h for h in e.handles if h in last]
-        if not cands:
-            cov.unmatched.append({"side": "runtime", "ops": e.ops, "handles": e.handles,
-                                  "instruction_id": e.instruction_id,
-                                  "reason": "no reference op carries these debug handles"})
+        res = _resolve(e, last, order)
+        if isinstance(res, str):
+            cov.unmatched.append(_unmatched(e, res))
             continue
-        h = max(cands, key=order.__getitem__)
-        picked.append((e, h))
+        picked.append((e, *res))
     with torch.no_grad():
         if local:
             # runtime values per handle, finest first (inner delegate rows over their DELEGATE_CALL row)
-            for e, h in picked:
+            for e, h, index in picked:
                 if e.is_delegate_call and h in runtime:
                     continue
-                val = _first_tensor(e.value) if isinstance(e.value, torch.Tensor) else None
-                if val is None:
-                    vals = [t for t in (e.value or []) if isinstance(t, torch.Tensor)]
-                    want = last[h].meta.get("val")
-                    want = _first_tensor(want) if want is not None else None
-                    val = _pick_runtime(vals, want) if want is not None else (vals[0] if vals else None)
-                if val is not None:
+                want = _first_tensor(last[h].meta.get("val"))
+                val = _runtime_tensor(e, index, want) if want is not None else None
+                if isinstance(val, torch.Tensor):
                     runtime[h] = val
         walk = _JointWalk(reference, last, runtime if local else None)
-        walk.run(*inputs)
+        with _restored_state(reference, walk.mutated):
+            walk.run(*inputs)
     aot, local_ref = walk.outputs, walk.local
     matched: list[tuple[RuntimeEntry, int, torch.Tensor, torch.Tensor]] = []
-    for e, h in picked:
+    for e, h, index in picked:
         ref = _first_tensor(aot.get(h))
         if ref is None:
-            cov.unmatched.append({"side": "runtime", "ops": e.ops, "handles": e.handles,
-                                  "instruction_id": e.instruction_id,
-                                  "reason": "the reference op of this group produced no tensor"})
+            cov.unmatched.append(_unmatched(e, "the reference op of this group produced no tensor"))
             continue
-        rt = _pick_runtime(e.value, ref)
-        if rt is None:
-            cov.unmatched.append({"side": "runtime", "ops": e.ops, "handles": e.handles,
-                                  "instruction_id": e.instruction_id,
-                                  "reason": f"no runtime output has the {ref.numel()} elements of the reference "
-                                            f"output {tuple(ref.shape)}"})
+        rt = _runtime_tensor(e, index, ref)
+        if isinstance(rt, str):
+            cov.unmatched.append(_unmatched(e, rt))
             continue
         matched.append((e, h, ref, rt))
     cov.runtime_matched = len(matched)
@@ -258,7 +364,7 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
     for h in sorted(walk.derived, key=order.__getitem__):
         rt = _first_tensor(local_ref.get(h))
         ref = _first_tensor(aot.get(h))
-        if rt is None or ref is None or rt.numel() != ref.numel():
+        if rt is None or ref is None or rt.numel() != ref.numel() or rt.dtype != ref.dtype:
             continue
         matched.append((RuntimeEntry((h,), ["(alias of a runtime value)"], rt, -1), h, ref, rt))
     matched.sort(key=lambda m: order[m[1]])  # execution order of the reference (stable)
@@ -269,15 +375,14 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
         covered.update(group)
         aot_names = [n.name for x in sorted(group, key=order.__getitem__) for n in nodes.get(x, [])]
         same = walk.same.get(h) if (e.instruction_id >= 0 and rt is runtime.get(h)) else None
-        ident = getattr(comparator, "identical_value", None)
-        gap = ident if (same and ident is not None) else comparator.compare(ref, rt)
+        gap, metric, mismatches = compare_values(comparator, ref, rt, identical=bool(same))
         lref = _first_tensor(local_ref.get(h)) if local_ref else None
-        if lref is None or lref.numel() != rt.numel():
+        if lref is None or lref.numel() != rt.numel() or lref.dtype != rt.dtype:
             lgap = None
         elif lref is ref:  # the op saw the reference's own inputs: its local gap is its gap
             lgap = gap
         else:
-            lgap = comparator.compare(lref, rt)
+            lgap = compare_values(comparator, lref, rt)[0]
         node = last[h]
         rows.append({
             "aot_debug_handle": tuple(sorted(group, key=order.__getitem__)),
@@ -288,6 +393,9 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
             "runtime_intermediate_output": rt,
             "gap": [gap],
             "local_gap": [lgap] if lgap is not None else [None],
+            "metric": metric,
+            "mismatches": mismatches,
+            "dtype": str(ref.dtype).removeprefix("torch."),
             "stacktraces": {n.name: n.meta.get("stack_trace") for x in group for n in nodes.get(x, [])},
             "source": source_location(node.meta.get("stack_trace")),
             "module": _module_path(node),
@@ -311,9 +419,11 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
         cov.unmatched.append({"side": "reference", "ops": [x.name for x in nodes[h]], "handles": (h,),
                               "instruction_id": None, "reason": reason})
     columns = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_ops", "runtime_debug_handle",
-               "runtime_intermediate_output", "gap", "local_gap", "stacktraces", "source", "module",
-               "instruction_id", "delegate", "in_delegate_call", "shape"]
+               "runtime_intermediate_output", "gap", "local_gap", "metric", "mismatches", "dtype", "stacktraces",
+               "source", "module", "instruction_id", "delegate", "in_delegate_call", "shape"]
     df = pd.DataFrame(rows, columns=columns)
+    df["mismatches"] = pd.Series([r["mismatches"] for r in rows], index=df.index, dtype=object)  # int | None
     df.attrs["coverage"] = cov
+    df.attrs["exact_metric"] = EXACT_METRIC
     log.info("numeric gap: %s", cov.summary())
     return df, cov
