@@ -280,7 +280,8 @@ def test_method_inputs_and_dynamic_shapes() -> None:
         export_llama(build_llama(LLAMA_TINY), prompt_len=1)
 
 
-def test_export_ranges_and_in_place_updates(exported: dict[str, torch.export.ExportedProgram]) -> None:
+def test_export_ranges_and_in_place_updates(model: Llama, exported: dict[str, torch.export.ExportedProgram]) -> None:
+    assert not any(layer.attention.k_cache.any() for layer in model.layers), "export must not write eager caches"
     (bounds,) = exported["prefill"].range_constraints.values()
     assert (bounds.lower, bounds.upper) == (PREFILL_MIN_LEN, LLAMA_TINY.max_seq_len)
     assert not exported["decode"].range_constraints

@@ -372,4 +372,3 @@ def export_llama(
 def param_count(model: nn.Module) -> int:
     """Number of parameters (buffers excluded)."""
     return sum(p.numel() for p in model.parameters())
-
