@@ -253,3 +253,36 @@ def test_a_size_read_inside_and_outside_partitions_gets_a_portable_copy(tiny):
         (got,), _ = run_lowered(lowered, (x,), handles=handles)
         with torch.no_grad():
             assert rel_err(got, model(x)) <= 1e-5, s
+
+
+def test_the_runtime_runs_the_delegate_at_every_length_and_logs_this_runs_shapes(tiny, tmp_path):
+    from edgetorch.devtools.etdump import DebugBuffer, read_etdump
+    from edgetorch.exir.program import EdgeProgramManager
+    from edgetorch.runtime import Runtime
+
+    model, edge, lowered, _, blob = tiny
+    et = EdgeProgramManager({"forward": lowered}, None).to_executorch()
+    prog = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    method = prog.load_method("forward")
+    xs = [torch.randn(1, s, 32) for s in (HI, LO, 9)]
+    for x in xs:
+        (out,) = method.execute(x)
+        with torch.no_grad():
+            assert rel_err(out, model(x)) <= 1e-5, x.shape
+    dump, dbg = tmp_path / "d.etdp", tmp_path / "d.bin"
+    prog.write_etdump_result_to_file(dump, dbg)
+    buf = DebugBuffer(str(dbg))
+    handles = _blob.unpack(blob).header["values"]
+    runs = []
+    for run in read_etdump(str(dump)).run_data:
+        vals = {d.delegate_debug_id_str: buf.value(d.debug_entry) for d in (e.debug_event for e in run.events)
+                if d is not None and d.delegate_debug_id_str in handles}
+        if vals:
+            runs.append(vals)
+    assert len(runs) == len(xs)
+    for x, vals in zip(xs, runs):  # each run logged every group at its own shapes, with eager's values
+        eager = edge_group_outputs(edge, (x,))
+        assert len(vals) == len(handles)
+        for gid, v in vals.items():
+            got, want = (v[0] if isinstance(v, list) else v), eager[handles[gid][0]][0]
+            assert rel_err(got, want) <= 1e-4, (gid, x.shape)

@@ -108,3 +108,18 @@ def test_attention_before_the_update_reads_the_cache_through_an_alias_input():
     assert alias.args == (ph,)
     # the delegate takes the cache at run time: after the first step it is no longer the zeros of the export
     _steps(model, lowered)
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+def test_decode_steps_through_the_runtime(read_first):
+    from edgetorch.exir.program import EdgeProgramManager
+    from edgetorch.runtime import Runtime
+
+    model, _, lowered, _ = _lower(read_first)
+    et = EdgeProgramManager({"forward": lowered}, None).to_executorch()
+    method = Runtime.get().load_program(et.buffer).load_method("forward")
+    for p in range(5):
+        x, pos = torch.randn(1, 1, 32), torch.tensor([p])
+        (got,) = method.execute(x, pos)
+        with torch.no_grad():
+            assert rel_err(got, model(x, pos)) <= 1e-5, p
