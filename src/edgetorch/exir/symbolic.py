@@ -134,7 +134,8 @@ def is_dynamic_tensor(v: torch.Tensor) -> bool:
 def sym_tensor_def(table: SymbolTable, v: torch.Tensor, what: str) -> tuple[list[int], list[int], int, str]:
     """(upper-bound sizes, upper-bound strides, upper-bound storage offset, sym_shape JSON) of a dynamic tensor."""
     sizes = [table.encode_int(s, what) for s in v.shape]
-    strides = [table.encode_int(s, what) for s in v.stride()]
+    # a size-1 dim's stride never moves an address (and export may leave a stale symbol there): use 1
+    strides = [1 if isinstance(n, int) and n == 1 else table.encode_int(s, what) for n, s in zip(v.shape, v.stride())]
     off = table.encode_int(v.storage_offset(), what)
     text = symexpr.dumps({"sizes": sizes, "strides": strides, "offset": off})
     return [table.bounds(e) for e in sizes], [table.bounds(e) for e in strides], table.bounds(off), text

@@ -47,12 +47,46 @@ def clone_program(ep: ExportedProgram, gm: torch.fx.GraphModule | None = None,
     )
 
 
-def _example(val) -> torch.Tensor:
+def _hint(s) -> int:
+    if isinstance(s, torch.SymInt):
+        h = s.node.hint
+        if h is None:
+            raise ExportError(f"size {s} has no example value to re-export a partition with")
+        return int(h)
+    return int(s)
+
+
+def _example(val) -> torch.Tensor | int:
+    if isinstance(val, (torch.SymInt, int)):
+        return _hint(val)
+    shape = tuple(_hint(s) for s in val.shape)
     if val.dtype.is_floating_point:
-        return torch.randn(tuple(val.shape), dtype=val.dtype)
+        return torch.randn(shape, dtype=val.dtype)
     if val.dtype == torch.bool:
-        return torch.zeros(tuple(val.shape), dtype=torch.bool)
-    return torch.zeros(tuple(val.shape), dtype=val.dtype)
+        return torch.zeros(shape, dtype=torch.bool)
+    return torch.zeros(shape, dtype=val.dtype)
+
+
+def _dynamic_shapes(ep: ExportedProgram, vals: list) -> tuple | None:
+    """``dynamic_shapes`` re-exporting a partition keeps its inputs' bounded dynamic dims (one Dim per symbol)."""
+    dims: dict = {}
+
+    def dim(sym):
+        if sym not in dims:
+            vr = ep.range_constraints[sym]
+            dims[sym] = torch.export.Dim(str(sym), min=int(vr.lower), max=int(vr.upper))
+        return dims[sym]
+
+    specs = []
+    for v in vals:
+        if isinstance(v, torch.SymInt):
+            specs.append(dim(v.node.expr) if v.node.expr in ep.range_constraints else None)
+        elif isinstance(v, torch.Tensor):
+            specs.append({d: dim(s.node.expr) for d, s in enumerate(v.shape)
+                          if isinstance(s, torch.SymInt) and s.node.expr in ep.range_constraints} or None)
+        else:
+            specs.append(None)
+    return tuple(specs) if dims else None
 
 
 def _partition_program(ep: ExportedProgram, nodes: list[torch.fx.Node], name: str
@@ -61,8 +95,10 @@ def _partition_program(ep: ExportedProgram, nodes: list[torch.fx.Node], name: st
     gm = ep.graph_module
     sub_gm, orig_inputs, orig_outputs = fuse_as_graphmodule(gm, nodes, name)
     sig = ep.graph_signature
-    const_targets = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
-                     **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    mutated = set(sig.buffers_to_mutate.values())  # state: passed to the delegate at run time, never baked in
+    const_targets = {k: v for k, v in {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+                                       **getattr(sig, "inputs_to_lifted_tensor_constants", {})}.items()
+                     if v not in mutated}
     placeholders = [n for n in sub_gm.graph.nodes if n.op == "placeholder"]
     act_inputs: list[torch.fx.Node] = []
     for ph, orig in zip(placeholders, orig_inputs):
@@ -81,7 +117,8 @@ def _partition_program(ep: ExportedProgram, nodes: list[torch.fx.Node], name: st
     sub_gm.recompile()
     examples = tuple(_example(n.meta["val"]) for n in act_inputs)
     try:
-        sub_ep = torch.export.export(sub_gm, examples, strict=False)
+        sub_ep = torch.export.export(sub_gm, examples, strict=False,
+                                     dynamic_shapes=_dynamic_shapes(ep, [n.meta["val"] for n in act_inputs]))
     except Exception as e:
         first = nodes[0]
         raise ExportError(f"partition '{name}' ({len(nodes)} ops from node '{first.name}') could not be re-exported "
