@@ -165,7 +165,9 @@ def _op_path_ok(ns: str, op: str, overload: str | None) -> bool:
     if "__" in ns or (overload is not None and "__" in overload):
         return False
     if "__" in op:
-        return bool(_DUNDER_OP_RE.match(op)) and not hasattr(torch._ops._OpNamespace, op)
+        # an attribute of the namespace class (its MRO, not the metaclass: ``type.__or__`` is no attribute of an
+        # instance) would be returned by getattr instead of an operator
+        return bool(_DUNDER_OP_RE.match(op)) and not any(op in vars(k) for k in torch._ops._OpNamespace.__mro__)
     return True
 
 

@@ -139,7 +139,7 @@ _DUNDER_RE = re.compile(rf"^{_DUNDER}$")
 
 def _dunder_op(op: str) -> bool:
     """An ATen Python-operator name (``__and__``), never an attribute of the op namespace class itself."""
-    return bool(_DUNDER_RE.match(op)) and not hasattr(torch._ops._OpNamespace, op)
+    return bool(_DUNDER_RE.match(op)) and not any(op in vars(k) for k in torch._ops._OpNamespace.__mro__)
 
 
 def _lookup(ns: str, op: str, overload: str) -> Any:
