@@ -286,3 +286,20 @@ def test_the_runtime_runs_the_delegate_at_every_length_and_logs_this_runs_shapes
         for gid, v in vals.items():
             got, want = (v[0] if isinstance(v, list) else v), eager[handles[gid][0]][0]
             assert rel_err(got, want) <= 1e-4, (gid, x.shape)
+
+
+class SqueezeDims(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.squeeze(torch.relu(x).unsqueeze(1).unsqueeze(3), (1, 3)) * 2 + 1
+
+
+def test_squeeze_dims_next_to_a_dynamic_dim_is_rewritten_without_fixing_the_length():
+    model = SqueezeDims()
+    edge, lowered, part = _lower(model, (torch.randn(1, 8, 4),), ({1: Dim("seq", min=LO, max=HI)},))
+    assert torch.ops.aten.squeeze.dims in {n.target for n in edge.graph.nodes}
+    assert compute_nodes(lowered) == [], part.rejected
+    handles: dict = {}
+    for s in (LO, 6, HI):
+        x = torch.randn(1, s, 4)
+        (got,), _ = run_lowered(lowered, (x,), handles=handles)
+        torch.testing.assert_close(got, model(x), rtol=0, atol=0)

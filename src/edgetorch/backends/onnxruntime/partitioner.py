@@ -75,6 +75,10 @@ def _module_paths(node: torch.fx.Node) -> list[str]:
     return out
 
 
+#: values of scalar nodes (sizes of dynamic shapes, or scalars computed from data)
+_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+
+
 def _is_size(x: object) -> bool:
     """A node computing a size (an int/SymInt) with an op of ``ops.SYM_OPS``."""
     if not isinstance(x, torch.fx.Node) or x.op != "call_function" or x.target not in _ops.SYM_OPS:
@@ -281,8 +285,8 @@ class OrtPartitioner(Partitioner):
             if problem is not None:
                 return problem
         for a in node.all_input_nodes:
-            if not isinstance(a.meta.get("val"), torch.Tensor) and not self._size_ok(a):
-                return f"reads '{a.name}' ({_ops.op_name(a.target)}), a value ONNX cannot compute"
+            if isinstance(a.meta.get("val"), _SCALARS) and not self._size_ok(a):
+                return f"reads '{a.name}' ({_ops.op_name(a.target)}), a scalar the partition cannot compute"
         val = node.meta.get("val")
         if isinstance(val, (list, tuple)):  # only the outputs read through getitem must be non-empty
             used = {u.args[1] for u in node.users if u.target is operator.getitem}
@@ -358,10 +362,11 @@ class OrtPartitioner(Partitioner):
             for n in p.nodes:
                 n.meta[DELEGATION_TAG] = tag
         if tags:
-            localize_sizes(gm)
+            copies = localize_sizes(gm)
             self.shielded = shield_mutable_buffers(exported_program)
-            gm.graph.lint()
-            gm.recompile()
+            if copies or self.shielded:
+                gm.graph.lint()
+                gm.recompile()
         log.info("OrtPartitioner: %d partitions, %d nodes delegated, %d left to the portable backend",
                  len(tags), sum(1 for n in gm.graph.nodes if n.meta.get(DELEGATION_TAG)), len(self.rejected))
         return PartitionResult(exported_program, tags)
