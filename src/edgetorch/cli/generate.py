@@ -1,0 +1,97 @@
+"""``edgetorch generate``: an LLM on the runtime, token by token.
+
+Exports a zoo decoder (``llama_tiny`` by default) as ``prefill`` (dynamic prompt length) + ``decode`` (one token)
+methods sharing a static KV cache, lowers it (portable or ONNX Runtime), saves the ``.pte`` (and its ETRecord),
+generates ``--tokens`` tokens greedily on the runtime, the same with eager PyTorch, and prints both sequences, the
+first step where they differ (if any) and the per-token latency. ``--etdump`` records every step (each
+``execute`` is one run block, every intermediate logged) for ``edgetorch inspect`` / the Inspector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from edgetorch.cli._common import CliError, guarded
+
+LLMS = ("llama_tiny", "llama_100m", "llama_1b")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="llama_tiny", help=f"zoo decoder: {', '.join(LLMS)}")
+    p.add_argument("--backend", default="portable", choices=["portable", "onnxruntime"])
+    p.add_argument("--prompt-len", type=int, default=8, help="tokens of the seeded prompt")
+    p.add_argument("--tokens", type=int, default=16, help="tokens to generate")
+    p.add_argument("--out", default="edgetorch-llm", help="folder for the .pte, ETRecord and ETDump")
+    p.add_argument("--etdump", action="store_true", help="record every step with its intermediates")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.model not in LLMS:
+        raise CliError(f"--model {args.model!r} is not a zoo decoder; choose one of {', '.join(LLMS)}")
+    if args.prompt_len < 1 or args.tokens < 1:
+        raise CliError("--prompt-len and --tokens must be at least 1")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise CliError(f"--out {args.out} exists and is not a directory")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"cannot create --out {args.out}: {e.strerror}") from None
+
+
+def _main(args: argparse.Namespace) -> int:
+    _check(args)
+    import torch
+
+    from edgetorch.exir import to_edge_transform_and_lower
+    from edgetorch.models import get_spec
+    from edgetorch.models.generation import greedy_generate_with_logits
+    from edgetorch.models.llama import example_prompt, export_llama
+    from edgetorch.runtime import Runtime
+
+    model = get_spec(args.model).build().eval()
+    cfg = model.config
+    if args.prompt_len + args.tokens > cfg.max_seq_len:
+        raise CliError(f"--prompt-len + --tokens must be at most {cfg.max_seq_len} (the cache length of "
+                       f"{args.model})")
+    print(f"[1/4] exporting {args.model} as prefill + decode", flush=True)
+    eps = export_llama(model)
+    parts = None
+    if args.backend == "onnxruntime":
+        from edgetorch.backends.onnxruntime import OrtPartitioner
+
+        parts = [OrtPartitioner()]
+    print(f"[2/4] lowering ({args.backend}) and emitting", flush=True)
+    et = to_edge_transform_and_lower(eps, partitioner=parts, generate_etrecord=args.etdump).to_executorch()
+    pte = os.path.join(args.out, "model.pte")
+    et.save(pte)
+    prompt = example_prompt(cfg, args.prompt_len)
+    print(f"[3/4] generating {args.tokens} tokens on the runtime", flush=True)
+    prog = Runtime.get().load_program(pte, enable_etdump=args.etdump,
+                                      debug_buffer_size="auto" if args.etdump else 0)
+    prefill, decode = prog.load_method("prefill"), prog.load_method("decode")
+    t0 = time.perf_counter()
+    got = greedy_generate_with_logits(prefill.execute, decode.execute, prompt, args.tokens)
+    dt = time.perf_counter() - t0
+    print("[4/4] the same with eager PyTorch", flush=True)
+    with torch.no_grad():
+        model.reset_cache()
+        want = greedy_generate_with_logits(model.prefill, model.decode, prompt, args.tokens)
+    print(f"runtime tokens: {got.tokens}")
+    print(f"eager tokens:   {want.tokens}")
+    diverged = next((i for i, (a, b) in enumerate(zip(got.tokens, want.tokens)) if a != b), None)
+    worst = max((a - b).abs().max().item() for a, b in zip(got.step_logits, want.step_logits))
+    print("tokens match eager" if diverged is None else f"tokens differ from step {diverged}",
+          f"(largest logit difference {worst:.3e}); {1000 * dt / args.tokens:.2f} ms per token on the runtime")
+    if args.etdump:
+        rec = et.get_etrecord()
+        rec.save(os.path.join(args.out, "etrecord.bin"))
+        prog.write_etdump_result_to_file(os.path.join(args.out, "etdump.etdp"),
+                                         os.path.join(args.out, "debug_buffer.bin"))
+        print(f"ETDump ({args.tokens} runs), debug buffer and ETRecord written to {args.out}")
+    return 0 if diverged is None else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    return guarded(_main, args)
