@@ -67,7 +67,6 @@ def measure(model, programs: dict[str, bytes], prompt_len: int, runs: int) -> li
                          f"{prompt_len} tokens {1000 * pre['runtime']:8.1f} ms vs eager {1000 * pre['eager']:8.1f} "
                          f"(ratio {pre['runtime'] / pre['eager']:.3f})")
             print(lines[-1], flush=True)
-            del prog, prefill, decode
     return lines
 
 
