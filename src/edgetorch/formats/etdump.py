@@ -42,6 +42,18 @@ EXECUTE_BLOCK = "Execute"
 OBSERVER_EFFECT_ID = "observer_effect"
 OBSERVER_EFFECT_TOLERANCE = 1e-6
 
+# Method inputs: with a debug buffer, each execute block starts with one debug event per flat input of the call,
+# named INPUT_EVENT_PREFIX + the input's name, with chain_index and instruction_id INPUT_INSTRUCTION_ID (-1),
+# output_index = the input's position and ``output`` false.
+INPUT_EVENT_PREFIX = "input:"
+INPUT_INSTRUCTION_ID = -1
+
+
+def is_input_event(d: DebugEvent) -> bool:
+    """True for the debug event logging one of a method's inputs (see ``INPUT_EVENT_PREFIX``)."""
+    return (d.instruction_id == INPUT_INSTRUCTION_ID and not d.debug_entry.output
+            and d.name.startswith(INPUT_EVENT_PREFIX))
+
 _KNOWN_IDENTIFIERS = {b"ED00": "an ExecuTorch ETDump (this reader reads edgetorch ETDumps only)",
                       b"EDTP": "an edgetorch program (.pte)"}
 

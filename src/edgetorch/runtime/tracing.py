@@ -33,6 +33,7 @@ from edgetorch.formats import etdump as ed
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import code_dtype, contiguous_strides, dtype_code
 from edgetorch.runtime._copy import clone
+from edgetorch.runtime._shapes import SymScalar
 
 ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
 _ZEROS = memoryview(bytes(ALIGNMENT))
@@ -371,23 +372,31 @@ class _Out:
     scalar: Any = None  # static non-tensor values
 
 
-def _plan_bytes(plan: pf.PlanDef) -> int:
-    """Bytes one run stores: each output of a non-view instruction, plus each program output that is not
-    one of those, 64-byte aligned (equals ``plan.debug_buffer_bytes`` when every output comes from a
-    non-view instruction)."""
-    def nbytes(vid: int) -> int:
-        t = plan.values[vid]
-        if not isinstance(t, pf.TensorDef):
-            return 0
-        n = code_dtype(t.scalar_type).itemsize
-        for s in t.sizes:
-            n *= s
-        return _aligned(n)
+def _tensor_bytes(plan: pf.PlanDef, vid: int) -> int:
+    """The 64-byte aligned bytes of value ``vid`` when it is a tensor (its upper bound if dynamic), else 0."""
+    t = plan.values[vid]
+    if not isinstance(t, pf.TensorDef):
+        return 0
+    n = code_dtype(t.scalar_type).itemsize
+    for s in t.sizes:
+        n *= s
+    return _aligned(n)
 
+
+def _input_bytes(plan: pf.PlanDef) -> int:
+    """Bytes one run stores for the method's tensor inputs (logged at the start of every run)."""
+    return sum(_tensor_bytes(plan, v) for v in plan.inputs)
+
+
+def _plan_bytes(plan: pf.PlanDef) -> int:
+    """Bytes one run stores: its tensor inputs, each output of a non-view instruction, plus each program
+    output that is not one of those, 64-byte aligned (``plan.debug_buffer_bytes`` + the inputs when every
+    output comes from a non-view instruction)."""
     logged = {o for ins in plan.instructions
               if not (isinstance(ins.call, pf.KernelCallDef) and ins.call.kind == pf.CALL_VIEW)
               for o in ins.call.outputs}
-    return sum(nbytes(v) for v in logged) + sum(nbytes(v) for v in dict.fromkeys(plan.outputs) if v not in logged)
+    return (_input_bytes(plan) + sum(_tensor_bytes(plan, v) for v in logged)
+            + sum(_tensor_bytes(plan, v) for v in dict.fromkeys(plan.outputs) if v not in logged))
 
 
 class _MethodTrace:
@@ -435,6 +444,8 @@ class _MethodTrace:
                 else:
                     self.program_outs.append(self._out(tracer, len(self.infos), j, vid, name, -1,
                                                        self.out_actions))
+        if log_values:  # the inputs, logged first in every run
+            self.run_bytes += _input_bytes(plan)
         if log_values:  # what delegates say one traced run of theirs logs is reserved with the rest
             for info in self.infos:
                 if info.kind == "DELEGATE":
@@ -525,6 +536,7 @@ class _ExecRun:
     times: list[int] = field(default_factory=list)  # (start, end) per instruction, in instruction order
     offsets: list[int] = field(default_factory=list)  # one per stored static tensor, in logging order
     extra: dict[int, list[ed.Event]] = field(default_factory=dict)  # instruction id -> delegate/dynamic events
+    inputs: list[ed.Event] = field(default_factory=list)  # one debug event per method input
     start: int = 0
     end: int = 0
 
@@ -546,6 +558,7 @@ class _ExecRun:
                 value.output = output
             add(ed.Event(debug_event=ed.DebugEvent(chain, k, -1, "", value, o.index, o.name)))
 
+        events.extend(self.inputs)
         for i, info in enumerate(mt.infos):
             k = info.index
             add(ed.Event(profile_event=ed.ProfileEvent(info.name, 0, k, start_time=times[2 * i],
@@ -691,6 +704,7 @@ class ProgramTracer:
         qput = writer.q.put
         self._run = run
         try:
+            self._log_inputs(mt, run)
             run.start = clock()
             for k, runner, actions, need in mt.steps:
                 if need and writer.done < need:
@@ -730,6 +744,17 @@ class ProgramTracer:
             self._delegate_k = -1
             self._lent.clear()
         self._runs.append(run)
+
+    def _log_inputs(self, mt: _MethodTrace, run: _ExecRun) -> None:
+        """Logs the method's flat inputs of this call (copied in already) as ``input:<name>`` debug events."""
+        plan = mt.method.plan
+        names = plan.input_names
+        for j, vid in enumerate(plan.inputs):
+            v = mt.method.value(vid)
+            v = v.value if isinstance(v, SymScalar) else v
+            name = ed.INPUT_EVENT_PREFIX + (names[j] if j < len(names) else f"input_{j}")
+            run.inputs.append(ed.Event(debug_event=ed.DebugEvent(
+                ed.INPUT_INSTRUCTION_ID, ed.INPUT_INSTRUCTION_ID, -1, "", self._value(v), j, name)))
 
     def _run_delegate(self, run_instruction: Callable[[int], None], k: int) -> None:
         self._delegate_k = k

@@ -240,6 +240,8 @@ def gen_event_blocks(etdump: ed.ETDump, inflate, source: TimeScale, target: Time
                         ev.metadata.append(p.delegate_debug_metadata)
                 elif e.debug_event is not None:
                     d = e.debug_event
+                    if ed.is_input_event(d):  # the call's inputs: read by inspector.generation
+                        continue
                     if d.debug_entry.output:
                         if r == 0:
                             outputs.append(d.debug_entry)
