@@ -352,11 +352,14 @@ class Inspector:
 
     def calculate_numeric_gap(self, distance: str | NumericalComparatorBase = "MSE", method: str | None = None,
                               reference_graph: str | None = None, run: int = 0, local: bool = True,
-                              inputs: tuple | None = None) -> pd.DataFrame:
+                              inputs: tuple | None = None, execution: int | None = None) -> pd.DataFrame:
         """Per-op gaps between the reference program and the runtime intermediates.
 
         Rows follow execution order; ``gap`` is the accumulated gap, ``local_gap`` the gap of the op re-run on
         the runtime's own inputs. ``run`` picks which recorded execution (and representative input) to use.
+        ``execution`` (an index into ``self.executions``, any method) instead replays the reference on the
+        recorded inputs of every execution up to that one, mutable state carried over (``method``, ``run`` and
+        ``inputs`` are then ignored; see ``inspector.generation``).
         ``df.attrs["coverage"]`` (also ``self.last_gap_coverage``) says what was matched and why the rest was not.
         """
         if self._etrecord is None:
@@ -372,6 +375,8 @@ class Inspector:
                                  "debug_buffer_size=<bytes>|'auto' or debug_buffer_path=... and run it again")
         if self._debug_buffer is None:
             raise InspectorError("calculate_numeric_gap needs the debug buffer: pass debug_buffer_path=...")
+        if execution is not None:
+            return self._replay(reference_graph).gap_table(execution, distance, local)
         if inputs is None:
             reps = (self._etrecord.representative_inputs or {}).get(method)
             if not reps:
@@ -399,6 +404,36 @@ class Inspector:
         df.attrs["observer_effect"] = max((oe.max for oe in effects), default=None)
         self.last_gap_coverage = cov
         return df
+
+    # -- across executions (inspector.generation) ---------------------------------------------------------
+    def _replay(self, reference_graph: str | None = None) -> Any:
+        from edgetorch.devtools.inspector.generation import GenerationReplay
+
+        if self._etrecord is None:
+            raise InspectorError("replaying executions needs an ETRecord (pass etrecord=...)")
+        replays = self.__dict__.setdefault("_replays", {})
+        if reference_graph not in replays:
+            replays[reference_graph] = GenerationReplay(self, reference_graph)
+        return replays[reference_graph]
+
+    @property
+    def executions(self) -> list[Any]:
+        """Every recorded call in execution order, across methods: ``Execution(index, method, run)``."""
+        from edgetorch.devtools.inspector.generation import execution_records
+
+        return [r.execution for r in execution_records(self._etdump, self._inflate)]
+
+    def generation_gaps(self, distance: str = "MSE") -> pd.DataFrame:
+        """One row per execution: the gap of its final output against the reference replay, and its worst op."""
+        from edgetorch.devtools.inspector.generation import generation_gaps
+
+        return generation_gaps(self._replay(), distance)
+
+    def first_divergence_across_executions(self, threshold: float, distance: str = "MSE") -> Any:
+        """The first execution and op whose gap crosses ``threshold`` (``generation.Divergence``), or None."""
+        from edgetorch.devtools.inspector.generation import first_divergence_across_executions
+
+        return first_divergence_across_executions(self._replay(), threshold, distance)
 
     def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None:
         """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE). An exact

@@ -1,0 +1,306 @@
+"""Numeric debugging across the executions of a program: every call recorded in an ETDump (e.g. an LLM's
+``prefill`` then one ``decode`` per generated token), with the mutable-buffer state (KV caches) carried over.
+
+Every execute block of an ETDump recorded with a debug buffer starts with the call's inputs (``input:<name>``
+debug events, see ``formats.etdump.is_input_event``). ``GenerationReplay`` replays the reference program of
+each method (from the ETRecord) on that same sequence of inputs, from the first execution on: the buffers the
+reference graphs update in place are shared by name between the methods and start from their initial values,
+so the reference for execution *k* sees the state the earlier executions left, like the runtime did. The
+replay goes forward once and keeps its results (gap tables, reference outputs); asking for an earlier
+execution than the current position restarts it from the initial state.
+
+Used through ``Inspector.executions``, ``calculate_numeric_gap(execution=k)``, ``generation_gaps()`` and
+``first_divergence_across_executions()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import pandas as pd
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE, NumericalComparatorBase, get_comparator
+from edgetorch.devtools.inspector.events import _signature
+from edgetorch.devtools.inspector.numeric_gap import compare_values, compute_numeric_gap
+from edgetorch.errors import InspectorError
+from edgetorch.formats import etdump as ed
+
+if TYPE_CHECKING:
+    from edgetorch.devtools.inspector.inspector import Inspector
+
+
+class Execution(NamedTuple):
+    """One recorded call: its global ``index`` (execution order across methods), its ``method`` and ``run``,
+    its index among the calls of that method."""
+
+    index: int
+    method: str
+    run: int
+
+
+@dataclass
+class ExecutionRecord:
+    """Where an execution's events are in the Inspector, and the inputs and outputs it logged."""
+
+    execution: Execution
+    block: int  # index in ``Inspector.event_blocks``
+    block_run: int  # run index inside that block
+    inputs: list[Any] | None  # the logged flat inputs (None: the ETDump did not record them)
+    outputs: list[Any]  # the logged program outputs
+
+
+@dataclass
+class Divergence:
+    """The first execution, and in it the first op (``row`` of its gap table), whose gap crosses a threshold."""
+
+    execution: int
+    method: str
+    run: int
+    row: pd.Series
+    table: pd.DataFrame
+
+    @property
+    def op(self) -> list[str]:
+        """The reference (ATen) ops of the diverging row."""
+        return list(self.row["aot_ops"])
+
+
+def _sorted_values(values: list[tuple[int, ed.Value]], inflate: Any) -> list[Any]:
+    return [inflate(v) for _, v in sorted(values, key=lambda x: x[0])]
+
+
+def execution_records(etdump: ed.ETDump, inflate: Any) -> list[ExecutionRecord]:
+    """One record per execute block, in execution order, located as ``gen_event_blocks`` groups them."""
+    keys: dict[tuple, int] = {}
+    seen: dict[tuple, int] = {}
+    per_method: dict[str, int] = {}
+    records = []
+    for run in etdump.run_data:
+        if not run.events:
+            continue
+        key = (run.name, run.method, _signature(run))
+        block = keys.setdefault(key, len(keys))
+        block_run = seen.get(key, 0)
+        seen[key] = block_run + 1
+        if run.name != ed.EXECUTE_BLOCK:
+            continue
+        method = run.method or "forward"
+        ins: list[tuple[int, ed.Value]] = []
+        outs: list[tuple[int, ed.Value]] = []
+        for e in run.events:
+            d = e.debug_event
+            if d is None:
+                continue
+            if ed.is_input_event(d):
+                ins.append((d.output_index, d.debug_entry))
+            elif d.debug_entry.output:
+                outs.append((d.output_index, d.debug_entry))
+        ex = Execution(len(records), method, per_method.get(method, 0))
+        per_method[method] = ex.run + 1
+        records.append(ExecutionRecord(ex, block, block_run, _sorted_values(ins, inflate) if ins else None,
+                                       _sorted_values(outs, inflate)))
+    return records
+
+
+def _state_targets(gm: torch.fx.GraphModule) -> list[str]:
+    """The attributes (buffers) the graph updates in place: its mutable state."""
+    targets = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and any(isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable
+                                      for u in n.users):
+            targets.append(str(n.target))
+    return list(dict.fromkeys(targets))
+
+
+def _owner(gm: torch.nn.Module, target: str) -> tuple[torch.nn.Module, str]:
+    *path, name = target.split(".")
+    return (gm.get_submodule(".".join(path)) if path else gm), name
+
+
+@contextlib.contextmanager
+def _bound(gm: torch.fx.GraphModule, state: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Points the graph's state attributes at the shared ``state`` tensors while the block runs (the graph may
+    be a cached, shared module: its own attributes are restored afterwards)."""
+    saved = []
+    for target in _state_targets(gm):
+        owner, name = _owner(gm, target)
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, state[target])
+    try:
+        yield
+    finally:
+        for owner, name, t in saved:
+            setattr(owner, name, t)
+
+
+def _first_tensor(v: Any) -> torch.Tensor | None:
+    for x in pytree.tree_leaves(v):
+        if isinstance(x, torch.Tensor):
+            return x
+    return None
+
+
+class GenerationReplay:
+    """Replays the reference programs over the recorded sequence of executions (see the module docstring)."""
+
+    def __init__(self, inspector: Inspector, reference_graph: str | None = None) -> None:
+        self.inspector = inspector
+        self.reference_graph = reference_graph
+        self.records = execution_records(inspector.etdump, inspector._inflate)
+        self._modules: dict[str, tuple[torch.fx.GraphModule, str]] = {}
+        self._initial: dict[str, torch.Tensor] = {}
+        self._state: dict[str, torch.Tensor] = {}
+        self._position = 0  # the state is the one before this execution
+        self.reference_outputs: dict[int, Any] = {}
+        self._tables: dict[tuple, pd.DataFrame] = {}
+
+    # -- the reference programs and their shared state ------------------------------------------------------
+    def _prepare(self) -> None:
+        """Builds the reference of every method run, of one kind for all (buffers are shared by attribute
+        name, which differs between ATen and edge graphs): the ATen programs when each method has one with
+        all its debug handles, else the edge programs. Then the initial state, from the first graph naming
+        each buffer."""
+        methods = list(dict.fromkeys(r.execution.method for r in self.records))
+        mods = {m: self.inspector._reference(m, self.reference_graph) for m in methods}
+        if self.reference_graph is None and len({used for _, used in mods.values()}) > 1:
+            mods = {m: self.inspector._reference(m, "edge_dialect_exported_program") for m in methods}
+        for gm, _used in mods.values():
+            for target in _state_targets(gm):
+                if target not in self._initial:
+                    owner, name = _owner(gm, target)
+                    self._initial[target] = getattr(owner, name).detach().clone()
+                    self._state[target] = self._initial[target].clone()
+        self._modules = mods
+
+    def module(self, method: str) -> tuple[torch.fx.GraphModule, str]:
+        if not self._modules:
+            self._prepare()
+        return self._modules[method]
+
+    def reset(self) -> None:
+        """Back to the initial state, before the first execution."""
+        for target, t in self._initial.items():
+            self._state[target] = t.clone()
+        self._position = 0
+
+    def record(self, index: int) -> ExecutionRecord:
+        if not 0 <= index < len(self.records):
+            raise InspectorError(f"execution {index} is not in the ETDump ({len(self.records)} executions "
+                                 "recorded)")
+        rec = self.records[index]
+        if rec.inputs is None:
+            raise InspectorError(f"execution {index} ({rec.execution.method}) has no logged inputs: record the "
+                                 "ETDump with a debug buffer (debug_buffer_size=... or debug_buffer_path=...)")
+        return rec
+
+    def _seek(self, index: int) -> None:
+        """Advances (or restarts and advances) the replay so that the state is the one before ``index``."""
+        if self._position > index:
+            self.reset()
+        while self._position < index:
+            self._advance()
+
+    def _advance(self) -> None:
+        k = self._position
+        rec = self.record(k)
+        gm, _ = self.module(rec.execution.method)
+        with torch.no_grad(), _bound(gm, self._state):
+            self.reference_outputs[k] = gm(*pytree.tree_leaves(tuple(rec.inputs)))
+        self._position = k + 1
+
+    # -- results ----------------------------------------------------------------------------------------------
+    def gap_table(self, index: int, distance: str | NumericalComparatorBase = "MSE",
+                  local: bool = True) -> pd.DataFrame:
+        """The per-op gap table of execution ``index`` against the reference run on the state it saw."""
+        key = (index, distance, local) if isinstance(distance, str) else None
+        if key is not None and key in self._tables:
+            return self._tables[key]
+        rec = self.record(index)
+        self._seek(index)
+        df = self._compute(rec, get_comparator(distance), local)
+        self._advance()  # the reference output of this execution, and the state after it
+        df.attrs["output_gap"] = self.output_gap(index, distance)
+        if key is not None:
+            self._tables[key] = df
+        return df
+
+    def _compute(self, rec: ExecutionRecord, comparator: NumericalComparatorBase, local: bool) -> pd.DataFrame:
+        insp = self.inspector
+        if comparator.inspector is None:
+            comparator.inspector = insp
+        method = rec.execution.method
+        gm, used = self.module(method)
+        entries, _inner = insp._runtime_entries(insp.event_blocks[rec.block], rec.block_run)
+        nodes_by_h = insp._nodes_by_handle(method)
+        view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
+        with _bound(gm, self._state):
+            df, cov = compute_numeric_gap(gm, tuple(pytree.tree_leaves(tuple(rec.inputs))), entries, comparator,
+                                          view_only=view_only, delegated_without_inner=set(), local=local)
+        df.attrs.update(reference_graph=used, method=method, execution=rec.execution.index, run=rec.execution.run,
+                        distance=getattr(comparator, "name", type(comparator).__name__))
+        effects = [oe for oe in insp.observer_effects if oe.method == method]
+        df.attrs["observer_effect"] = max((oe.max for oe in effects), default=None)
+        insp.last_gap_coverage = cov
+        return df
+
+    def output_gap(self, index: int, distance: str | NumericalComparatorBase = "MSE") -> float | None:
+        """Gap between the runtime's first program output of execution ``index`` (e.g. the logits) and the
+        reference replay's (None when they cannot be paired)."""
+        rec = self.record(index)
+        if index not in self.reference_outputs:
+            self._seek(index)
+            self._advance()
+        ref = _first_tensor(self.reference_outputs[index])
+        rt = _first_tensor(rec.outputs)
+        if ref is None or rt is None or ref.numel() != rt.numel() or ref.dtype != rt.dtype:
+            return None
+        return compare_values(get_comparator(distance), ref, rt.reshape(ref.shape))[0]
+
+
+def _worst_local(df: pd.DataFrame, distance: str) -> tuple[float | None, list[str] | None]:
+    worse = LARGER_IS_WORSE.get(distance, True)
+    best: tuple[float, list[str]] | None = None
+    for _, row in df.iterrows():
+        g = row["local_gap"][0]
+        if g is None or g != g:
+            continue
+        if best is None or (g > best[0] if worse else g < best[0]):
+            best = (float(g), list(row["aot_ops"]))
+    return best if best is not None else (None, None)
+
+
+def generation_gaps(replay: GenerationReplay, distance: str = "MSE") -> pd.DataFrame:
+    """One row per execution: ``execution``, ``method``, ``run``, ``output_gap`` (the final output, e.g. the
+    logits, against the reference replay), ``worst_local_gap`` and ``worst_op`` (the op adding the most error)."""
+    rows = []
+    for rec in replay.records:
+        ex = rec.execution
+        df = replay.gap_table(ex.index, distance)
+        worst, op = _worst_local(df, df.attrs.get("distance", distance))
+        rows.append({"execution": ex.index, "method": ex.method, "run": ex.run,
+                     "output_gap": df.attrs.get("output_gap"), "worst_local_gap": worst, "worst_op": op})
+    out = pd.DataFrame(rows, columns=["execution", "method", "run", "output_gap", "worst_local_gap", "worst_op"])
+    out.attrs["distance"] = distance
+    return out
+
+
+def first_divergence_across_executions(replay: GenerationReplay, threshold: float,
+                                       distance: str = "MSE") -> Divergence | None:
+    """The first execution (in order) with a row whose gap crosses ``threshold``, and that row."""
+    for rec in replay.records:
+        ex = rec.execution
+        df = replay.gap_table(ex.index, distance)
+        row = replay.inspector.first_divergence(df, threshold)
+        if row is not None:
+            return Divergence(ex.index, ex.method, ex.run, row, df)
+    return None
+
+
+__all__ = ["Divergence", "Execution", "ExecutionRecord", "GenerationReplay", "execution_records",
+           "first_divergence_across_executions", "generation_gaps"]
