@@ -1,9 +1,8 @@
 """Test helpers for dynamic shapes and mutable buffers in ORT delegates.
 
-* ``partition_reexport_with_dims`` makes lowering re-export a partition with the dynamic dims of its inputs
-  (what ``edgetorch.exir.backend.lowering._partition_program`` does not do yet: it builds its example inputs
-  with ``torch.randn(val.shape)``, which fails on symbolic sizes and drops strides (a partition viewing SDPA's
-  permuted output then fails to re-export, static shapes too), and exports without ``dynamic_shapes``).
+* ``lowering_examples_keep_strides`` makes lowering re-export partitions from example inputs with the strides
+  of the values they stand for (``edgetorch.exir.backend.lowering._example`` drops them: a partition viewing
+  SDPA's permuted output then fails to re-export, static shapes too).
 * ``run_lowered`` runs a lowered program in eager PyTorch with each delegate called the way the runtime calls
   it (outputs: views at this run's shapes of memory planned at the upper bounds), carrying mutated buffers.
 * ``LendingTracer`` stands for the runtime tracer in debug runs (lent debug-buffer memory, logged values).
@@ -18,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.export import Dim, ExportedProgram
+from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 
@@ -41,49 +40,19 @@ def hinted_example(val: torch.Tensor) -> torch.Tensor:
     return t.zero_()
 
 
-def dims_of_placeholders(gm: torch.fx.GraphModule) -> tuple | None:
-    """``dynamic_shapes`` for exporting ``gm``: one ``Dim`` per symbol its placeholders' sizes are (bounds from
-    the symbol's shape environment), ``Dim.AUTO`` for sizes that are expressions; None when all are static."""
-    from torch.utils._sympy.value_ranges import bound_sympy
-
-    dims: dict[Any, Any] = {}
-    spec: list[dict[int, Any] | None] = []
-    for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
-        v = ph.meta.get("val")
-        entry: dict[int, Any] = {}
-        for i, s in enumerate(getattr(v, "shape", ())):
-            if isinstance(s, int):
-                continue
-            expr, env = s.node.expr, s.node.shape_env
-            if expr.is_Symbol:
-                r = bound_sympy(expr, env.var_to_range)
-                dims.setdefault(expr, Dim(str(expr), min=int(r.lower), max=int(r.upper)))
-                entry[i] = dims[expr]
-            else:
-                entry[i] = Dim.AUTO
-        spec.append(entry or None)
-    return tuple(spec) if dims or any(spec) else None
-
-
 @contextlib.contextmanager
-def partition_reexport_with_dims() -> Iterator[None]:
-    """Within the block, lowering re-exports each partition with the dynamic dims of its inputs, from example
-    inputs at the hint shapes and the strides of the values they stand for (``hinted_example``). An export
-    call that already passes ``dynamic_shapes`` is left alone."""
+def lowering_examples_keep_strides() -> Iterator[None]:
+    """Within the block, lowering re-exports partitions from example inputs with the strides of the values they
+    stand for (``hinted_example``). ``lowering._example`` makes contiguous ones, so a partition that views a
+    permuted input (SDPA's output, left to the portable backend) fails to re-export, static shapes too."""
     from edgetorch.exir.backend import lowering
 
-    real_export, real_example = torch.export.export, lowering._example
-
-    def export(mod: Any, args: tuple, *a: Any, dynamic_shapes: Any = None, **kw: Any) -> Any:
-        if dynamic_shapes is None and isinstance(mod, torch.fx.GraphModule):
-            dynamic_shapes = dims_of_placeholders(mod)
-        return real_export(mod, args, *a, dynamic_shapes=dynamic_shapes, **kw)
-
-    lowering._example, torch.export.export = hinted_example, export
+    real = lowering._example
+    lowering._example = lambda val: hinted_example(val) if isinstance(val, torch.Tensor) else real(val)
     try:
         yield
     finally:
-        lowering._example, torch.export.export = real_example, real_export
+        lowering._example = real
 
 
 def upper_bound_storage(h: Any) -> list[torch.Tensor]:

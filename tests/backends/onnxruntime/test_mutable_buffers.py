@@ -1,6 +1,6 @@
 """Mutable buffers (a static KV cache updated in place) next to ORT delegates: the update stays on the portable
-backend, and a partition reading the cache takes it as a runtime input, never as a constant baked into the
-ONNX model."""
+backend, and a partition reading the cache takes it as a runtime input (lowering passes mutated buffers to
+delegates), never as a constant baked into the ONNX model."""
 
 from __future__ import annotations
 
@@ -91,22 +91,20 @@ def test_the_node_computing_the_new_cache_stays_portable(read_first):
 
 
 def test_attention_after_the_update_reads_the_new_cache_as_an_input():
-    model, _, lowered, part = _lower(read_first=False)
+    model, _, lowered, _ = _lower(read_first=False)
     update = _update_node(lowered)
     readers = [c for c in delegate_calls(lowered) if update in c.args[0]]
-    assert len(readers) == 1 and part.shielded == []
+    assert len(readers) == 1
     _steps(model, lowered)
 
 
-def test_attention_before_the_update_reads_the_cache_through_an_alias_input():
-    model, _, lowered, part = _lower(read_first=True)
-    assert part.shielded == ["cache"]
+def test_attention_before_the_update_takes_the_cache_as_an_input():
+    model, _, lowered, _ = _lower(read_first=True)
     (ph,) = [n for n in lowered.graph.nodes if n.op == "placeholder" and
              lowered.graph_signature.inputs_to_buffers.get(n.name) == "cache"]
     (call,) = delegate_calls(lowered)
-    (alias,) = [a for a in call.args[0] if a.target is torch.ops.aten.alias.default]
-    assert alias.args == (ph,)
-    # the delegate takes the cache at run time: after the first step it is no longer the zeros of the export
+    assert ph in call.args[0]
+    # the delegate reads the cache at run time: after the first step it is no longer the zeros of the export
     _steps(model, lowered)
 
 

@@ -7,16 +7,14 @@ torch.onnx's translation registry, and nodes without a translation stay on the p
 ``rejected``). Candidates are grouped by torch's ``CapabilityBasedPartitioner`` (partitions are convex); groups
 made only of view-like ops are dropped.
 
-Two rewrites of the graph it is given (``to_backend`` hands the partitioner a private copy) keep partitions
-self-contained:
+Dynamic shapes: a node computing a size (``aten.sym_size.int`` and integer math on it, ``ops.SYM_OPS``) is
+copied into every partition that reads it, and once more for readers outside (``localize_sizes`` rewrites the
+graph it is given: ``to_backend`` hands the partitioner a private copy), so a delegate takes and returns
+tensors only (ONNX computes the size with ``Shape``).
 
-* **sizes**: a node computing a size of a dynamic shape (``aten.sym_size.int`` and integer math on it,
-  ``ops.SYM_OPS``) is copied into every partition that reads it, and once more for readers outside, so a
-  delegate takes only tensors and returns only tensors (ONNX computes the size with ``Shape``).
-* **mutable buffers**: a buffer the program mutates (``buffers_to_mutate``, e.g. a KV cache updated with
-  ``index_copy_``) is read by a partition through an ``aten.alias`` left to the portable backend (a view:
-  no copy), so lowering passes it as a runtime input instead of baking its initial value into the delegate.
-  The node computing a buffer's (or a mutated user input's) new value is never delegated.
+Mutable buffers (``buffers_to_mutate``, e.g. a KV cache updated with ``index_copy_``): the node computing a
+buffer's (or a mutated user input's) new value is never delegated; a partition reading the buffer gets it as
+a runtime input from lowering (``lowering._partition_program`` never bakes a mutated buffer into a partition).
 """
 
 from __future__ import annotations
@@ -164,29 +162,6 @@ def localize_sizes(gm: torch.fx.GraphModule) -> int:
     return len(copies)
 
 
-def shield_mutable_buffers(ep: ExportedProgram) -> list[str]:
-    """Partitions read each mutated buffer through one untagged ``aten.alias`` (a view on the portable
-    backend), which lowering passes as a delegate input (it bakes the placeholders of buffers into the
-    delegate as constants). Returns the buffers shielded."""
-    sig = ep.graph_signature
-    mutated = set(sig.buffers_to_mutate.values())
-    graph = ep.graph_module.graph
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    done = []
-    for ph in [n for n in graph.nodes if n.op == "placeholder"]:
-        target = sig.inputs_to_buffers.get(ph.name)
-        readers = [u for u in ph.users if _tag(u) is not None]
-        if target not in mutated or not readers:
-            continue
-        with graph.inserting_before(min(readers, key=order.__getitem__)):
-            alias = graph.call_function(torch.ops.aten.alias.default, (ph,))
-        alias.meta["val"] = ph.meta.get("val")
-        for u in readers:
-            u.replace_input_with(ph, alias)
-        done.append(str(target))
-    return done
-
-
 class _Support(OperatorSupportBase):
     def __init__(self, ok: set[torch.fx.Node]) -> None:
         super().__init__()
@@ -251,8 +226,6 @@ class OrtPartitioner(Partitioner):
                               if COMPILE_SPEC_DEFAULTS.get(k) != v]
         self.compile_specs += [CompileSpec(k, bytes(v)) for k, v in (compile_specs or {}).items()]
         self.rejected: list[Rejection] = []
-        #: mutated buffers the last ``partition`` made partitions read through an alias (see the module doc)
-        self.shielded: list[str] = []
         self._ranges: dict = {}
         self._mutations: dict[torch.fx.Node, str] = {}
         self._sizes: dict[torch.fx.Node, bool] = {}
@@ -347,7 +320,6 @@ class OrtPartitioner(Partitioner):
     # -- Partitioner API ------------------------------------------------------------------------------
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         gm = exported_program.graph_module
-        self.shielded = []
         ok = self._candidates(exported_program)
         parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True).propose_partitions()
         tags: dict[str, DelegationSpec] = {}
@@ -361,12 +333,9 @@ class OrtPartitioner(Partitioner):
             tags[tag] = DelegationSpec(BACKEND_ID, list(self.compile_specs))
             for n in p.nodes:
                 n.meta[DELEGATION_TAG] = tag
-        if tags:
-            copies = localize_sizes(gm)
-            self.shielded = shield_mutable_buffers(exported_program)
-            if copies or self.shielded:
-                gm.graph.lint()
-                gm.recompile()
+        if tags and localize_sizes(gm):
+            gm.graph.lint()
+            gm.recompile()
         log.info("OrtPartitioner: %d partitions, %d nodes delegated, %d left to the portable backend",
                  len(tags), sum(1 for n in gm.graph.nodes if n.meta.get(DELEGATION_TAG)), len(self.rejected))
         return PartitionResult(exported_program, tags)
