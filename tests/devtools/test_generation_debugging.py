@@ -165,3 +165,53 @@ def test_execution_out_of_range(clean):
     insp, _, _, _ = clean
     with pytest.raises(Exception, match="execution 99"):
         insp.calculate_numeric_gap("MSE", execution=99)
+
+
+def test_html_report_shows_the_gap_per_execution(compiled, tmp_path):
+    from html.parser import HTMLParser
+
+    from edgetorch.devtools.report import write_report
+
+    insp, _, _, _ = _run(compiled, tmp_path, fault=True)
+    gen = insp.generation_gaps("MSE")
+    path = write_report(tmp_path / "r.html", insp.calculate_numeric_gap("MSE", execution=FAULT_AT),
+                        generation_df=gen, threshold=1e-10)
+
+    class Bars(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.svg, self.rects, self.titles, self.rows, self._in = 0, [], [], 0, None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "svg" and a.get("class") == "generation":
+                self.svg += 1
+                self._in = "svg"
+            elif tag == "rect" and self._in == "svg":
+                self.rects.append(float(a["height"]))
+            elif tag == "title" and self._in == "svg":
+                self._in = "title"
+            elif tag == "table" and "generation" in (a.get("class") or ""):
+                self._in = "table"
+            elif tag == "tr" and self._in == "table":
+                self.rows += 1
+
+        def handle_endtag(self, tag):
+            if tag == "title" and self._in == "title":
+                self._in = "svg"
+            elif tag in ("svg", "table") and self._in in ("svg", "table"):
+                self._in = None
+
+        def handle_data(self, data):
+            if self._in == "title":
+                self.titles.append(data)
+
+    p = Bars()
+    p.feed(open(path).read())
+    assert p.svg == 1 and len(p.rects) == NEW_TOKENS and p.rows == NEW_TOKENS + 1  # header row
+    assert p.titles[FAULT_AT].startswith(f"execution {FAULT_AT} (decode #{FAULT_AT - 1})")
+    # log scale: the faulty steps' bars stand far above the exact ones (drawn as stubs)
+    assert all(h <= 2.0 for h in p.rects[:FAULT_AT]) and all(h > 20 for h in p.rects[FAULT_AT:])
+    # one execution: no per-execution section
+    one = write_report(tmp_path / "one.html", None, generation_df=gen.iloc[:1])
+    assert "class=\"generation\"" not in open(one).read()

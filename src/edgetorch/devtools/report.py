@@ -164,10 +164,64 @@ def profile_chart_svg(profile: pd.DataFrame, top: int = 20, width: int = 900) ->
     return "".join(parts)
 
 
+def _bar_y(v: float, lo: float, hi: float, top: int, h: int) -> float:
+    return top + h - h * (math.log10(v) - lo) / (hi - lo)
+
+
+def generation_chart_svg(gen: pd.DataFrame, width: int = 900, height: int = 220) -> str:
+    """One bar per execution (``Inspector.generation_gaps``): the final-output gap against the reference
+    replay, log scale; an exact zero is drawn as a stub at the bottom. Bars are coloured per method."""
+    vals = [_val(v) for v in gen["output_gap"]]
+    pos = [v for v in vals if v is not None and v > 0 and math.isfinite(v)]
+    lo, hi = (math.log10(min(pos)), math.log10(max(pos))) if pos else (-12.0, -11.0)
+    if hi - lo < 1:
+        lo, hi = lo - 0.5, hi + 0.5
+    pad_l, pad_t, pad_b = 60, 10, 36
+    h = height - pad_t - pad_b
+    step = (width - pad_l - 10) / max(len(vals), 1)
+    colours = ["#1971c2", "#c92a2a", "#2b8a3e", "#e67700", "#862e9c"]
+    methods = list(dict.fromkeys(gen["method"]))
+    parts = [f'<svg class="generation" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
+             'role="img">']
+    for k in range(math.ceil(lo), math.floor(hi) + 1):
+        y = _bar_y(10.0 ** k, lo, hi, pad_t, h)
+        parts.append(f'<line x1="{pad_l}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                     f'<text x="{pad_l - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">1e{k}</text>')
+    for i, (v, (_, row)) in enumerate(zip(vals, gen.iterrows(), strict=True)):
+        x = pad_l + i * step + step * 0.15
+        y = _bar_y(max(v, 10.0 ** lo), lo, hi, pad_t, h) if v else pad_t + h - 2
+        colour = colours[methods.index(row["method"]) % len(colours)]
+        tip = f"execution {row['execution']} ({row['method']} #{row['run']}): output gap {_fmt(v)}"
+        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{step * 0.7:.1f}" height="{pad_t + h - y:.1f}" '
+                     f'fill="{colour}"><title>{_e(tip)}</title></rect>')
+        parts.append(f'<text x="{x + step * 0.35:.1f}" y="{pad_t + h + 14}" font-size="10" text-anchor="middle">'
+                     f'{row["execution"]}</text>')
+    parts.append(f'<text x="{pad_l}" y="{height - 4}" font-size="11">execution (call order) →</text></svg>')
+    legend = "".join(f'<span><i class="sw" style="background:{colours[i % len(colours)]}"></i>{_e(m)}</span>'
+                     for i, m in enumerate(methods))
+    return f'<div class="legend">{legend}</div>' + "".join(parts)
+
+
+def _generation_section(gen: pd.DataFrame) -> str:
+    distance = gen.attrs.get("distance", "gap")
+    out = [f"<h2>Final-output gap ({_e(distance)}) per execution</h2>", generation_chart_svg(gen),
+           "<table class='sortable generation'><thead><tr><th>execution</th><th>method</th><th>run</th>"
+           "<th>output gap</th><th>worst local gap</th><th>worst op</th></tr></thead><tbody>"]
+    for _, r in gen.iterrows():
+        g, w = _val(r["output_gap"]), _val(r["worst_local_gap"])
+        out.append(f"<tr><td class='num'>{r['execution']}</td><td>{_e(r['method'])}</td>"
+                   f"<td class='num'>{r['run']}</td><td class='num' data-v='{g if g is not None else ''}'>{_fmt(g)}"
+                   f"</td><td class='num' data-v='{w if w is not None else ''}'>{_fmt(w)}</td>"
+                   f"<td>{_e(', '.join(map(str, r['worst_op'] or [])))}</td></tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
 def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_df: pd.DataFrame | None = None,
                  title: str = "edgetorch numerical debugging report", summary: dict[str, Any] | None = None,
-                 threshold: float | None = None) -> str:
-    """Writes the HTML report atomically; returns the path."""
+                 threshold: float | None = None, generation_df: pd.DataFrame | None = None) -> str:
+    """Writes the HTML report atomically; returns the path. ``generation_df`` (``Inspector.generation_gaps()``)
+    adds the final-output gap per execution (chart and table) when it has more than one execution."""
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>"]
     if summary:
@@ -175,6 +229,8 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
         for k, v in summary.items():
             out.append(f"<tr><td><b>{_e(k)}</b></td><td>{_e(v)}</td></tr>")
         out.append("</table>")
+    if generation_df is not None and len(generation_df) > 1:
+        out.append(_generation_section(generation_df))
     if gap_df is not None:
         distance = gap_df.attrs.get("distance", "gap")
         out.append(f"<h2>Numeric gap ({_e(distance)}) along the graph</h2>")
