@@ -198,11 +198,24 @@ def _main(args: argparse.Namespace) -> int:
                 if gap_df is not None and inspector.last_gap_coverage is not None:
                     summary["coverage"] = inspector.last_gap_coverage.summary()
                 write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
-                             title=f"edgetorch inspect: {os.path.basename(args.etdump)}")
+                             title=f"edgetorch inspect: {os.path.basename(args.etdump)}",
+                             generation_df=_generation_gaps(inspector, args.gap) if gap_df is not None else None)
             console.print(f"report written to {args.report}")
     except OSError as e:
         raise CliError(f"cannot write output: {e.strerror or e}: {e.filename or ''}") from None
     return EXIT_OK
+
+
+def _generation_gaps(inspector: Any, distance: str) -> Any:
+    """The final-output gap per execution when the ETDump holds several calls with their inputs, else None."""
+    from edgetorch.errors import InspectorError
+
+    if len(inspector.executions) < 2:
+        return None
+    try:
+        return inspector.generation_gaps(distance)
+    except InspectorError:
+        return None  # inputs not logged (an older ETDump): no replay
 
 
 def run(args: argparse.Namespace) -> int:

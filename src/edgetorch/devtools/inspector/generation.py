@@ -272,7 +272,9 @@ def _worst_local(df: pd.DataFrame, distance: str) -> tuple[float | None, list[st
             continue
         if best is None or (g > best[0] if worse else g < best[0]):
             best = (float(g), list(row["aot_ops"]))
-    return best if best is not None else (None, None)
+    if best is None:
+        return None, None
+    return best if (best[0] != 0 or not worse) else (0.0, None)  # no op adds any error: none is the worst
 
 
 def generation_gaps(replay: GenerationReplay, distance: str = "MSE") -> pd.DataFrame:
