@@ -411,6 +411,8 @@ class Inspector:
 
         if self._etrecord is None:
             raise InspectorError("replaying executions needs an ETRecord (pass etrecord=...)")
+        if self._debug_buffer is None:
+            raise InspectorError("replaying executions needs the debug buffer: pass debug_buffer_path=...")
         replays = self.__dict__.setdefault("_replays", {})
         if reference_graph not in replays:
             replays[reference_graph] = GenerationReplay(self, reference_graph)
