@@ -489,6 +489,8 @@ class _MethodTrace:
                     self._blobs.append((step, None))
             return o
         if isinstance(v, pf.TensorDef) or isinstance(cur, (torch.Tensor, list, tuple)):
+            if reshaped:  # reserved at its upper bound, so a fixed buffer sized by run_bytes never overflows
+                self.run_bytes += _aligned(v.nbytes)
             actions.append((functools.partial(tracer._log_dynamic, self, k, j, vid, name), 0, None, 0, 0))
             return _Out(j, vid, name, True)
         return _Out(j, vid, name, False, scalar=cur)

@@ -60,11 +60,9 @@ def _example(val) -> torch.Tensor | int:
     if isinstance(val, (torch.SymInt, int)):
         return _hint(val)
     shape = tuple(_hint(s) for s in val.shape)
-    if val.dtype.is_floating_point:
-        return torch.randn(shape, dtype=val.dtype)
-    if val.dtype == torch.bool:
-        return torch.zeros(shape, dtype=torch.bool)
-    return torch.zeros(shape, dtype=val.dtype)
+    strides = tuple(_hint(s) for s in val.stride())  # the layout the partition sees (a permuted SDPA output)
+    t = torch.empty_strided(shape, strides, dtype=val.dtype)
+    return t.normal_() if val.dtype.is_floating_point else t.zero_()
 
 
 def _dynamic_shapes(ep: ExportedProgram, vals: list) -> tuple | None:
