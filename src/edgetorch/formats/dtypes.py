@@ -12,6 +12,9 @@ DTYPE_TO_CODE: dict[torch.dtype, int] = {
     torch.uint16: 27, torch.uint32: 28, torch.uint64: 29,
 }
 CODE_TO_DTYPE: dict[int, torch.dtype] = {v: k for k, v in DTYPE_TO_CODE.items()}
+_QUANTIZED = {torch.qint8, torch.quint8, torch.qint32}
+# the codes whose bytes can be viewed as a tensor (torch.frombuffer crashes on quantized dtypes)
+PLAIN_CODE_TO_DTYPE: dict[int, torch.dtype] = {c: d for c, d in CODE_TO_DTYPE.items() if d not in _QUANTIZED}
 
 MEMORY_FORMATS: dict[torch.memory_format, int] = {
     torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2, torch.channels_last_3d: 3,

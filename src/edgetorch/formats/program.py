@@ -723,6 +723,12 @@ def _ranges_of(t: Table, i: int) -> list[tuple[int, int]]:
     return [(flat[2 * k], flat[2 * k + 1]) for k in range(n)]
 
 
+def _plain_scalar_type(code: int) -> bool:
+    from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE
+
+    return code in PLAIN_CODE_TO_DTYPE
+
+
 def _check_mutable(p: PlanDef, k: int, v: TensorDef, fail: Callable[[str, str], None]) -> None:
     fld = f"{p.name}.values[{k}].buffer_index"
     if not 0 <= v.buffer_index < len(p.mutable_buffers):
@@ -779,6 +785,9 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
 
         for k, v in enumerate(p.values):
             if isinstance(v, TensorDef):
+                if not _plain_scalar_type(v.scalar_type):
+                    fail(f"{where}: tensor value {k} has unknown or unsupported scalar type {v.scalar_type}",
+                         f"{p.name}.values[{k}].scalar_type")
                 if len(v.sizes) != len(v.strides):
                     fail(f"{where}: tensor value {k} has {len(v.sizes)} sizes but {len(v.strides)} strides",
                          f"{p.name}.values[{k}]")

@@ -17,7 +17,7 @@ import torch
 
 from edgetorch.errors import ETDumpFormatError
 from edgetorch.formats import etdump as ed
-from edgetorch.formats.dtypes import CODE_TO_DTYPE, contiguous_strides
+from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, contiguous_strides
 
 
 def read_etdump(path: str | os.PathLike) -> ed.ETDump:
@@ -61,9 +61,10 @@ class DebugBuffer:
 
     def tensor(self, t: ed.Tensor, what: str = "tensor") -> torch.Tensor:
         """The tensor ``t`` describes, viewed in place from the buffer (shape ``t.sizes``)."""
-        dtype = CODE_TO_DTYPE.get(t.scalar_type)
-        if dtype is None:
-            raise self._fail(f"{what}: unknown scalar type code {t.scalar_type}", "tensor.scalar_type")
+        dtype = PLAIN_CODE_TO_DTYPE.get(t.scalar_type)
+        if dtype is None:  # unknown, or quantized (which would crash torch.frombuffer)
+            raise self._fail(f"{what}: unknown scalar type code {t.scalar_type} (quantized codes are never stored)",
+                             "tensor.scalar_type")
         numel = t.numel
         if t.nbytes != numel * dtype.itemsize:
             raise self._fail(f"{what}: nbytes is {t.nbytes}, but {dtype} {t.sizes} has {numel * dtype.itemsize}",
