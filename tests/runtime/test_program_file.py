@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from edgetorch.models import get_model
@@ -100,3 +101,19 @@ def test_two_methods_in_one_file(tmp_path):
     assert p.method_names == {"forward", "encode"}
     for m, inp in inputs.items():
         torch.testing.assert_close(p.load_method(m).execute_structured(*inp), getattr(model, m)(*inp).detach())
+
+
+def test_full_verification_checks_the_content_hash_of_weights(tmp_path):
+    from edgetorch.errors import ProgramFormatError
+    from edgetorch.exir import to_edge
+
+    model = torch.nn.Linear(16, 16)
+    x = torch.randn(1, 16)
+    et = to_edge(torch.export.export(model, (x,))).to_executorch()
+    data = bytearray(et.buffer)
+    Runtime.get().load_program(bytes(data), verification=Verification.Full)  # intact: accepted
+    data[-8] ^= 0x40  # one bit of a weight in the segment area
+    for level in (Verification.Minimal, Verification.InternalConsistency):  # these do not read the weights
+        Runtime.get().load_program(bytes(data), verification=level)
+    with pytest.raises(ProgramFormatError, match="content hash mismatch"):
+        Runtime.get().load_program(bytes(data), verification=Verification.Full)

@@ -342,13 +342,15 @@ def _main(args: argparse.Namespace) -> int:
                 pass
 
     # -- load ------------------------------------------------------------------------------------------
-    from edgetorch.runtime import Runtime
+    from edgetorch.runtime import Runtime, Verification
 
     trace = etdump_path is not None
     dbg_size = args.debug_buffer_size if dump_level == "intermediates" else 0
     t0 = time.perf_counter()
     try:
-        program = Runtime.get().load_program(path, enable_etdump=trace, debug_buffer_size=dbg_size)
+        # the command line verifies the whole file, weights included, before running it
+        program = Runtime.get().load_program(path, enable_etdump=trace, debug_buffer_size=dbg_size,
+                                             verification=Verification.Full)
     except FormatError as e:
         raise CliError(str(e)) from None
     except EdgeTorchError as e:

@@ -6,6 +6,7 @@ file): weights are used in place and paged in on first use.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import mmap
 import os
@@ -56,10 +57,22 @@ def read_data(data: Any) -> tuple[Any, str | None]:
     raise TypeError(f"load_program expects a path, bytes or a binary file object, got {type(data).__name__}")
 
 
-def parse(buffer: Any, path: str | None, consistency: bool) -> LoadedFile:
+def verify_hash(buffer: Any, header: pf.FileHeader, label: str) -> None:
+    """Recomputes the SHA-256 of everything after the header (``Verification.Full``)."""
+    body = memoryview(buffer)[pf.HEADER_SIZE:]
+    digest = hashlib.sha256(body).hexdigest()
+    if digest != header.content_hash:
+        raise ProgramFormatError(f"{label}: content hash mismatch: the header records {header.content_hash[:16]}..., "
+                                 f"the file body hashes to {digest[:16]}... (the file is corrupted or was modified)",
+                                 field="header.content_hash")
+
+
+def parse(buffer: Any, path: str | None, consistency: bool, full: bool = False) -> LoadedFile:
     label = path or "program"
     try:
         header = pf.read_header(memoryview(buffer), label)
+        if full:
+            verify_hash(buffer, header, label)
         fbuf = memoryview(buffer)[header.flatbuffer_offset:header.flatbuffer_offset + header.flatbuffer_size]
         program = pf.decode_flatbuffer(fbuf)
         if consistency:

@@ -27,7 +27,8 @@ class Verification(enum.Enum):
     """How much of a program file is checked at load time."""
 
     Minimal = 0  # header, identifier and version
-    InternalConsistency = 1  # also every index, offset and size against its bounds
+    InternalConsistency = 1  # also every index, offset, size, dtype code and expression against its bounds
+    Full = 2  # also the SHA-256 content hash of the whole file (weights and delegate blobs included)
 
 
 class Program:
@@ -164,5 +165,5 @@ class Runtime:
         buffer, path = read_data(data)
         from edgetorch.runtime.bundled import unwrap_bundled  # .bpte files embed a .pte
         buffer = unwrap_bundled(buffer, path)
-        loaded = parse(buffer, path, verification == Verification.InternalConsistency)
+        loaded = parse(buffer, path, verification != Verification.Minimal, verification == Verification.Full)
         return Program(loaded, enable_etdump, debug_buffer_size, debug_buffer_path)
