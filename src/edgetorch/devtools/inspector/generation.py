@@ -266,12 +266,12 @@ class GenerationReplay:
 def _worst_local(df: pd.DataFrame, distance: str) -> tuple[float | None, list[str] | None]:
     worse = LARGER_IS_WORSE.get(distance, True)
     best: tuple[float, list[str]] | None = None
-    for _, row in df.iterrows():
-        g = row["local_gap"][0]
+    for gap, ops in zip(df["local_gap"], df["aot_ops"]):
+        g = gap[0] if gap else None
         if g is None or g != g:
             continue
         if best is None or (g > best[0] if worse else g < best[0]):
-            best = (float(g), list(row["aot_ops"]))
+            best = (float(g), list(ops))
     if best is None:
         return None, None
     return best if (best[0] != 0 or not worse) else (0.0, None)  # no op adds any error: none is the worst

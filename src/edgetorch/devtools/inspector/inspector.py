@@ -440,10 +440,12 @@ class Inspector:
     def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None:
         """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE). An exact
         row (integer/bool, ``metric`` ``MISMATCH_FRACTION``) diverges as soon as one element differs."""
-        for _, row in df.iterrows():
-            g = row["gap"][0]
-            if g is not None and _diverges(row, g, threshold, df.attrs.get("distance", "MSE")):
-                return row
+        distance = df.attrs.get("distance", "MSE")
+        metrics = df["metric"] if "metric" in df.columns else [None] * len(df)
+        for i, gap, metric in zip(df.index, df["gap"], metrics):  # no per-row Series (iterrows is slow)
+            g = gap[0] if gap else None
+            if g is not None and _diverges(metric, g, threshold, distance):
+                return df.loc[i]
         return None
 
     def find_culprits(self, df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
@@ -480,10 +482,10 @@ def _exact_rows(df: pd.DataFrame) -> pd.Series:
     return df["metric"] == df.attrs.get("exact_metric", EXACT_METRIC)
 
 
-def _diverges(row: pd.Series, g: float, threshold: float, distance: str) -> bool:
+def _diverges(metric: str | None, g: float, threshold: float, distance: str) -> bool:
     from edgetorch.devtools.inspector.comparators import EXACT_METRIC, LARGER_IS_WORSE
 
-    if row.get("metric") == EXACT_METRIC:
+    if metric == EXACT_METRIC:
         return g > 0
     return (g > threshold) if LARGER_IS_WORSE.get(distance, True) else (g < threshold)
 
