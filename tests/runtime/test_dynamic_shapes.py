@@ -121,3 +121,23 @@ def test_symbolic_sizes_refuse_bad_expressions():
         with pytest.raises(ProgramFormatError):
             symexpr.parse_expr(bad, 2, "test")
     assert pf.PROGRAM_SCHEMA_VERSION == 2
+
+
+def test_a_symbolic_int_input_is_a_scalar_input_with_bounds():
+    class Head(torch.nn.Module):
+        def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+            torch._check(n >= 1)
+            torch._check(n <= 8)
+            return x[:n] * 2
+
+    ep = torch.export.export(Head(), (torch.randn(8, 3), 5), dynamic_shapes=(None, torch.export.Dim.DYNAMIC))
+    method = Runtime.get().load_program(to_edge(ep).to_executorch().buffer).load_method("forward")
+    assert method.metadata.inputs[1].symbolic
+    x = torch.randn(8, 3)
+    for n in (1, 2, 8):
+        (out,) = method.execute(x, n)
+        assert torch.equal(out, x[:n] * 2)
+    with pytest.raises(RuntimeInputError, match=r"dynamic dim s\d+ \(n\) is 9, outside its bounds \[1, 8\]"):
+        method.execute(x, 9)
+    with pytest.raises(RuntimeInputError, match="must be an int"):
+        method.execute(x, 2.0)
