@@ -223,14 +223,28 @@ class GenerationReplay:
             return self._tables[key]
         rec = self.record(index)
         self._seek(index)
-        df = self._compute(rec, get_comparator(distance), local)
-        self._advance()  # the reference output of this execution, and the state after it
+        captured: dict[str, Any] = {}
+        df = self._compute(rec, get_comparator(distance), local, captured)
+        self._adopt(index, captured)  # the reference output of this execution, and the state after it
         df.attrs["output_gap"] = self.output_gap(index, distance)
         if key is not None:
             self._tables[key] = df
         return df
 
-    def _compute(self, rec: ExecutionRecord, comparator: NumericalComparatorBase, local: bool) -> pd.DataFrame:
+    def _adopt(self, index: int, captured: dict[str, Any]) -> None:
+        """Takes the gap walk's reference output and end state as this execution's (no second forward pass);
+        falls back to a plain run when the walk could not say."""
+        state = captured.get("state") or {}
+        if "output" not in captured or not set(self._state) <= set(state):
+            self._advance()
+            return
+        self.reference_outputs[index] = captured["output"]
+        for target in self._state:
+            self._state[target] = state[target]
+        self._position = index + 1
+
+    def _compute(self, rec: ExecutionRecord, comparator: NumericalComparatorBase, local: bool,
+                 capture: dict[str, Any] | None = None) -> pd.DataFrame:
         insp = self.inspector
         if comparator.inspector is None:
             comparator.inspector = insp
@@ -241,7 +255,8 @@ class GenerationReplay:
         view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
         with _bound(gm, self._state):
             df, cov = compute_numeric_gap(gm, tuple(pytree.tree_leaves(tuple(rec.inputs))), entries, comparator,
-                                          view_only=view_only, delegated_without_inner=set(), local=local)
+                                          view_only=view_only, delegated_without_inner=set(), local=local,
+                                          capture=capture)
         df.attrs.update(reference_graph=used, method=method, execution=rec.execution.index, run=rec.execution.run,
                         distance=getattr(comparator, "name", type(comparator).__name__))
         effects = [oe for oe in insp.observer_effects if oe.method == method]

@@ -262,10 +262,12 @@ def reference_handles(gm: torch.fx.GraphModule) -> tuple[dict[int, torch.fx.Node
 
 
 @contextlib.contextmanager
-def _restored_state(gm: torch.fx.GraphModule, mutated: set[torch.fx.Node]) -> Iterator[None]:
+def _restored_state(gm: torch.fx.GraphModule, mutated: set[torch.fx.Node],
+                    after: dict[str, torch.Tensor] | None = None) -> Iterator[None]:
     """Runs the reference on copies of the attributes (cache buffers) its in-place ops write, so every run starts
     from the state recorded in the ETRecord, like the program's first execution, and the values recorded
-    during the run (aliases of those copies) stay as they were computed."""
+    during the run (aliases of those copies) stay as they were computed. ``after`` receives the copies as the
+    run left them (the state after it), by attribute name."""
     saved: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
     for n in mutated:
         if n.op != "get_attr":
@@ -281,6 +283,12 @@ def _restored_state(gm: torch.fx.GraphModule, mutated: set[torch.fx.Node]) -> It
         saved.append((owner, name, t))
     try:
         yield
+        if after is not None:
+            for n in mutated:
+                if n.op == "get_attr":
+                    *path, name = str(n.target).split(".")
+                    owner = gm.get_submodule(".".join(path)) if path else gm
+                    after[str(n.target)] = getattr(owner, name)
     finally:
         for owner, name, t in saved:
             setattr(owner, name, t)
@@ -318,9 +326,11 @@ def _module_path(node: torch.fx.Node) -> str:
 
 def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries: list[RuntimeEntry],
                         comparator: NumericalComparatorBase, view_only: set[int] | None = None,
-                        delegated_without_inner: set[int] | None = None, local: bool = True
-                        ) -> tuple[pd.DataFrame, Coverage]:
-    """Builds the gap table (one row per matched runtime group, in execution order) and its coverage."""
+                        delegated_without_inner: set[int] | None = None, local: bool = True,
+                        capture: dict[str, Any] | None = None) -> tuple[pd.DataFrame, Coverage]:
+    """Builds the gap table (one row per matched runtime group, in execution order) and its coverage.
+    ``capture`` (optional) receives the reference run's ``"output"`` and its ``"state"`` after the run (the
+    attributes its in-place ops wrote), so a replay across calls needs no second forward pass."""
     last, nodes = reference_handles(reference)
     order = {h: i for i, h in enumerate(last)}  # execution order of each handle's last op
     # the reference tensor each runtime entry is compared with: the output of its group's last op. Entries
@@ -345,8 +355,11 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
                 if isinstance(val, torch.Tensor):
                     runtime[h] = val
         walk = _JointWalk(reference, last, runtime if local else None)
-        with _restored_state(reference, walk.mutated):
-            walk.run(*inputs)
+        after: dict[str, torch.Tensor] | None = {} if capture is not None else None
+        with _restored_state(reference, walk.mutated, after):
+            result = walk.run(*inputs)
+        if capture is not None:
+            capture.update(output=result, state=after)
     aot, local_ref = walk.outputs, walk.local
     matched: list[tuple[RuntimeEntry, int, torch.Tensor, torch.Tensor]] = []
     for e, h, index in picked:
