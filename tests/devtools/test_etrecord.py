@@ -97,6 +97,8 @@ def _parse_all(source) -> ETRecord:
     rec = parse_etrecord(source)
     for m in rec._lazy.references:
         rec.reference_graph(m)
+    for m in rec._lazy.edge_references:
+        rec.edge_reference_graph(m)
     for m in rec._lazy.handles:
         rec.handle_table(m)
     assert rec.exported_programs is not None and rec.edge_programs is not None and rec.graph_map is not None
@@ -366,7 +368,8 @@ def test_every_entry_replaced_by_a_pickle_fails_cleanly(small_bytes, tmp_path, m
 
     names = zipfile.ZipFile(io.BytesIO(small_bytes)).namelist()
     assert MARKER in names and len(names) >= 10
-    assert {"reference/index.json", "reference/0.json", "handles/index.json", "handles/0.json"} <= set(names)
+    assert {"reference/index.json", "reference/0.json", "handles/index.json", "handles/0.json",
+            "edge_reference/index.json", "edge_reference/0.json"} <= set(names)
     for kind, payload in payloads.items():
         for name in names:
             bad = _rezip(small_bytes, replace={name: payload})

@@ -215,3 +215,11 @@ def test_html_report_shows_the_gap_per_execution(compiled, tmp_path):
     # one execution: no per-execution section
     one = write_report(tmp_path / "one.html", None, generation_df=gen.iloc[:1])
     assert "class=\"generation\"" not in open(one).read()
+
+
+def test_the_replay_uses_the_compact_edge_reference_graphs(compiled, tmp_path):
+    """No program is deserialized for the replay: the ETRecord's compact edge reference graphs are used."""
+    insp, _, _, _ = _run(compiled, tmp_path)
+    gaps = insp.generation_gaps()
+    assert len(gaps) == NEW_TOKENS and (gaps["output_gap"] < 1e-10).all()
+    assert insp.etrecord.__dict__.get("_edge_program_dict") is None  # the edge programs were never loaded

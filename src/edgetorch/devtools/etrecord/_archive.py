@@ -59,6 +59,8 @@ INPUTS = "representative_inputs.json"
 OUTPUTS = "reference_outputs.json"
 REFERENCE_INDEX = "reference/index.json"
 REFERENCE_GRAPH = "reference/{}.json"
+EDGE_REFERENCE_INDEX = "edge_reference/index.json"
+EDGE_REFERENCE_GRAPH = "edge_reference/{}.json"
 HANDLES_INDEX = "handles/index.json"
 HANDLE_TABLE = "handles/{}.json"
 
@@ -191,6 +193,8 @@ def _views(rec: ETRecord, blobs: TensorBlobWriter) -> list[Entry]:
     for index_name, entry_name, progs, encode, what in (
             (REFERENCE_INDEX, REFERENCE_GRAPH, rec.exported_programs,
              lambda ep, m: encode_reference(ep, m, blobs.add), "reference graph"),
+            (EDGE_REFERENCE_INDEX, EDGE_REFERENCE_GRAPH, rec.edge_programs,
+             lambda ep, m: encode_reference(ep, m, blobs.add), "edge reference graph"),
             (HANDLES_INDEX, HANDLE_TABLE, rec.edge_programs, encode_handles, "handle table")):
         index: dict[str, int] = {}
         docs: list[Entry] = []
@@ -485,11 +489,13 @@ class ArchiveSource:
     problem found then still raises ``ETRecordFormatError`` naming the entry."""
 
     def __init__(self, r: _Reader, reader: TensorReader, roles: dict[str, dict[str, int]],
-                 references: dict[str, int], handles: dict[str, int], mapped: bool) -> None:
+                 references: dict[str, int], handles: dict[str, int], mapped: bool,
+                 edge_references: dict[str, int] | None = None) -> None:
         self._r = r
         self.reader = reader
         self.roles = roles
         self.references = references
+        self.edge_references = edge_references or {}
         self.handles = handles
         self.mapped = mapped  # tensors are views of a read-only (copy-on-write) mapping of the file
         self._programs: dict[int, ExportedProgram] = {}
@@ -530,6 +536,10 @@ class ArchiveSource:
 
     def reference_graph(self, method: str) -> torch.fx.GraphModule:
         return self._view(REFERENCE_GRAPH.format(self.references[method]), method,
+                          lambda doc: build_reference(doc, self.reader.read))
+
+    def edge_reference_graph(self, method: str) -> torch.fx.GraphModule:
+        return self._view(EDGE_REFERENCE_GRAPH.format(self.edge_references[method]), method,
                           lambda doc: build_reference(doc, self.reader.read))
 
     def handle_table(self, method: str) -> dict[int, list[NodeInfo]]:
@@ -612,7 +622,8 @@ def read_archive(source: str | IO[bytes] | bytes, path: str | None) -> tuple[dic
     fields["_representative_inputs"] = _read_samples(r, INPUTS, reader)
     fields["_reference_outputs"] = _read_samples(r, OUTPUTS, reader)
     source_ = ArchiveSource(r, reader, roles, _view_index(r, REFERENCE_INDEX, REFERENCE_GRAPH),
-                            _view_index(r, HANDLES_INDEX, HANDLE_TABLE), mapped)
+                            _view_index(r, HANDLES_INDEX, HANDLE_TABLE), mapped,
+                            _view_index(r, EDGE_REFERENCE_INDEX, EDGE_REFERENCE_GRAPH))
     return fields, source_
 
 

@@ -131,6 +131,7 @@ class ETRecord:
             self._edge_program_dict = _edge_dict(edge_dialect_program, "edge_dialect_program")
         self._graph_map_programs: dict[str, ExportedProgram] | None = dict(graph_map or {})
         self._reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
+        self._edge_reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
         self._handle_cache: dict[str, tuple[Any, dict[int, list[NodeInfo]]]] = {}
         self._debug_handle_map = None if _debug_handle_map is None else ar.norm_debug_handle_map(_debug_handle_map)
         self._delegate_map = None if _delegate_map is None else ar.norm_delegate_map(_delegate_map)
@@ -232,9 +233,12 @@ class ETRecord:
         ``method`` still maps to the program loaded from the file), else the program object itself (None
         when there is none or it is not loaded)."""
         lazy = self._lazy
-        d = self.__dict__[self._ROLES[role]]
-        if lazy is not None and method in (lazy.references if role == "aten" else lazy.handles):
-            if d is None or lazy.is_stored(role, method, d.get(method)):
+        base = "edge" if role == "edge_reference" else role  # the edge reference graph views the edge program
+        d = self.__dict__[self._ROLES[base]]
+        stored = {"aten": lazy.references, "edge": lazy.handles,
+                  "edge_reference": lazy.edge_references}[role] if lazy is not None else {}
+        if lazy is not None and method in stored:
+            if d is None or lazy.is_stored(base, method, d.get(method)):
                 return _FROM_FILE
         return None if d is None else d.get(method)
 
@@ -265,6 +269,30 @@ class ETRecord:
                 log.warning("ETRecord: no reference graph for method %r: %s", method, e)
                 gm = None
         self._reference_cache[method] = (key, gm)
+        return gm
+
+    def edge_reference_graph(self, method: str = "forward") -> torch.fx.GraphModule | None:
+        """The edge program of ``method`` (before lowering) as a runnable flat ``GraphModule``, like
+        ``reference_graph`` for the ATen program: loads in milliseconds from a parsed record, without
+        deserializing the program (weights are views of the mapped file). ``None`` when there is no edge
+        program or it cannot be expressed as such a graph. Cached: treat it as read-only."""
+        key = self._view_key("edge_reference", method)
+        hit = self._edge_reference_cache.get(method)
+        if hit is not None and key is not None and hit[0] is key:
+            return hit[1]
+        if key is _FROM_FILE:
+            assert self._lazy is not None
+            gm = self._lazy.edge_reference_graph(method)
+        else:
+            key = self.edge_programs.get(method)
+            if key is None:
+                return None
+            try:
+                gm = reference_from_program(key, method)
+            except UnsupportedValueError as e:
+                log.warning("ETRecord: no edge reference graph for method %r: %s", method, e)
+                gm = None
+        self._edge_reference_cache[method] = (key, gm)
         return gm
 
     def handle_table(self, method: str = "forward") -> dict[int, list[NodeInfo]]:
@@ -417,7 +445,7 @@ class ETRecord:
         """A shallow copy (programs and tensors shared, containers new) of every field."""
         new = ETRecord.__new__(ETRecord)
         new.__dict__.update(self.__dict__)
-        for k in (*self._ROLES.values(), "_reference_cache", "_handle_cache"):  # an unloaded role stays lazy
+        for k in (*self._ROLES.values(), "_reference_cache", "_edge_reference_cache", "_handle_cache"):  # an unloaded role stays lazy
             v = self.__dict__[k]
             new.__dict__[k] = None if v is None else dict(v)
         for k in ("_debug_handle_map", "_delegate_map", "_instruction_id_to_num_outs_map", "_reference_outputs",

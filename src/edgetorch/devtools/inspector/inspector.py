@@ -340,6 +340,9 @@ class Inspector:
             elif reference_graph == "exported_program":
                 raise InspectorError(f"the ETRecord holds no ATen program for method '{method}'")
         if reference_graph in (None, "exported_program", "edge_dialect_exported_program"):
+            gm = rec.edge_reference_graph(method)  # compact: no program deserialization, weights mapped
+            if gm is not None:
+                return gm, "edge_dialect_exported_program"
             edge = rec.edge_programs.get(method)
             if edge is None:
                 raise InspectorError(f"the ETRecord holds no edge program for method '{method}'")
