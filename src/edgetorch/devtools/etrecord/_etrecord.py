@@ -445,7 +445,8 @@ class ETRecord:
         """A shallow copy (programs and tensors shared, containers new) of every field."""
         new = ETRecord.__new__(ETRecord)
         new.__dict__.update(self.__dict__)
-        for k in (*self._ROLES.values(), "_reference_cache", "_edge_reference_cache", "_handle_cache"):  # an unloaded role stays lazy
+        # an unloaded role stays lazy
+        for k in (*self._ROLES.values(), "_reference_cache", "_edge_reference_cache", "_handle_cache"):
             v = self.__dict__[k]
             new.__dict__[k] = None if v is None else dict(v)
         for k in ("_debug_handle_map", "_delegate_map", "_instruction_id_to_num_outs_map", "_reference_outputs",
