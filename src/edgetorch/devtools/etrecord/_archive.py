@@ -281,7 +281,7 @@ def write_entries(f: IO[bytes], entries: list[Entry]) -> None:
             if isinstance(data, bytes):
                 zf.writestr(info, data)
                 continue
-            info.file_size = sum(len(c) for c in data)
+            info.file_size = sum(memoryview(c).nbytes for c in data)
             # tensors.bin: stored, its data aligned in the file (zipfile adds zip64 sizes to the local header
             # by this same rule)
             zip64 = info.file_size * 1.05 > zipfile.ZIP64_LIMIT

@@ -74,8 +74,9 @@ class TensorBlobWriter:
     (a weight shared by the ATen and the edge program, tied weights) is stored once."""
 
     def __init__(self) -> None:
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | memoryview] = []  # views of the tensors' own bytes: saving copies no weight
         self.nbytes = 0
+        self._keep: list[torch.Tensor] = []
         self._seen: dict[int, tuple[torch.Tensor, dict[str, Any]]] = {}
 
     def add(self, t: torch.Tensor, what: str) -> dict[str, Any]:
@@ -96,15 +97,17 @@ class TensorBlobWriter:
         strides = [int(s) for s in t.stride()]
         if not is_dense(shape, strides):  # expanded / sliced views: stored as their contiguous copy
             strides = contiguous_strides(shape)
-        data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        flat = t.contiguous().reshape(-1).view(torch.uint8)  # no copy of an already contiguous tensor
+        self._keep.append(flat)  # the chunk is a view of it until the archive is written
+        data = memoryview(flat.numpy()) if flat.numel() else b""
         pad = (-self.nbytes) % ALIGNMENT
         if pad:
             self.chunks.append(b"\0" * pad)
             self.nbytes += pad
-        rec = {"dtype": _NAME_OF[t.dtype], "shape": shape, "strides": strides, "offset": self.nbytes,
-               "nbytes": len(data)}
+        n = memoryview(data).nbytes
+        rec = {"dtype": _NAME_OF[t.dtype], "shape": shape, "strides": strides, "offset": self.nbytes, "nbytes": n}
         self.chunks.append(data)
-        self.nbytes += len(data)
+        self.nbytes += n
         self._seen[id(src)] = (src, rec)  # holding src keeps its id unique while writing
         return dict(rec)
 
