@@ -152,6 +152,24 @@ def _is_view(n: torch.fx.Node) -> bool:
     return is_view_op(t)
 
 
+def _written_in_place(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """Nodes whose value an in-place op writes (the ``Tensor(a!)`` arguments: ``relu_``'s input, ``copy_``'s
+    destination), not every argument of such an op (``copy_``'s source is only read)."""
+    out: set[torch.fx.Node] = set()
+    for u in gm.graph.nodes:
+        t = u.target
+        if not (isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable):
+            continue
+        for i, a in enumerate(t._schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            v = u.args[i] if i < len(u.args) else u.kwargs.get(a.name)
+            for x in v if isinstance(v, (list, tuple)) else [v]:
+                if isinstance(x, torch.fx.Node):
+                    out.add(x)
+    return out
+
+
 class _JointWalk(torch.fx.Interpreter):
     """One pass over the reference module computing, per handle, the reference output (on reference inputs)
     and, with ``runtime`` (handle -> runtime tensor), the *local* reference: the op re-run on the runtime's
@@ -174,8 +192,7 @@ class _JointWalk(torch.fx.Interpreter):
         self.derived: set[int] = set()
         self.same: dict[int, bool] = {}  # handle -> the runtime value equals the reference bit for bit
         # values later mutated in place (e.g. relu_ in a training-IR ATen graph) are recorded as copies
-        self.mutated = {n for n in gm.graph.nodes if any(
-            isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable for u in n.users)}
+        self.mutated = _written_in_place(gm)
 
     def _keep(self, n: torch.fx.Node, v: Any) -> Any:
         if n in self.mutated:
