@@ -10,7 +10,8 @@ host-side inspection are separate programs), each reporting its wall time and pe
 4. ``gaps``: ``Inspector.generation_gaps()`` (the gap table of every step, the reference replayed on the recorded
    inputs with the KV cache carried over) and ``first_divergence_across_executions``.
 
-Printed: (debug run + gaps) / eager generation time, and the largest per-stage peak RSS / the weights' bytes.
+Printed: (debug run + gaps) / eager generation time (stage times exclude Python imports, include loading the
+program, ETDump, ETRecord and debug buffer), and the largest per-stage peak RSS / the weights' bytes.
 
     python bench/bench_llm_debug.py --model llama_100m --prompt 16 --steps 32
     python bench/bench_llm_debug.py --model llama_1b --prompt 16 --steps 8
@@ -39,9 +40,12 @@ def peak_rss_gib() -> float:
 def _stage(name: str, a: argparse.Namespace, folder: str) -> dict:
     import torch
 
+    from edgetorch.devtools import Inspector  # noqa: F401  (imports are not what is measured)
+    from edgetorch.exir import to_edge_transform_and_lower  # noqa: F401
     from edgetorch.models import get_spec
     from edgetorch.models.generation import greedy_generate
     from edgetorch.models.llama import LLAMA_CONFIGS, example_prompt
+    from edgetorch.runtime import Runtime  # noqa: F401
 
     cfg = LLAMA_CONFIGS[a.model] if a.model in LLAMA_CONFIGS else get_spec(a.model).build().config
     prompt = example_prompt(cfg, a.prompt)
