@@ -1,4 +1,5 @@
-"""A small, bounds-checked flatbuffer table reader for the hot parts of the program (values, instructions).
+"""A small, bounds-checked flatbuffer table reader for the hot parts of the program (values, instructions) and of
+the ETDump (its events).
 
 The generated accessors cost several Python calls per field and do no bounds checks; this reader resolves a
 table's vtable once and reads fields with ``struct.unpack_from``, refusing any offset outside the buffer.
@@ -14,7 +15,7 @@ from edgetorch.formats.errors import ProgramFormatError
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
-_SCALARS = {"b": 1, "B": 1, "?": 1, "h": 2, "i": 4, "I": 4, "q": 8, "d": 8, "f": 4}
+_SCALARS = {"b": 1, "B": 1, "?": 1, "h": 2, "i": 4, "I": 4, "q": 8, "Q": 8, "d": 8, "f": 4}
 
 
 class Table:
@@ -75,6 +76,11 @@ class Table:
     def scalars(self, i: int, fmt: str) -> list:
         start, n = self._vector(i, _SCALARS[fmt])
         return list(struct.unpack_from(f"<{n}{fmt}", self.buf, start)) if n else []
+
+    def raw(self, i: int) -> bytes:
+        """The bytes of a ``[ubyte]`` vector field (empty when absent)."""
+        start, n = self._vector(i, 1)
+        return bytes(self.buf[start:start + n]) if n else b""
 
     def tables(self, i: int) -> list[Table]:
         start, n = self._vector(i, 4)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from edgetorch.errors import ETDumpFormatError
+from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import etdump_generated as fb
 from edgetorch.formats.dtypes import CODE_TO_DTYPE, code_dtype
 
@@ -306,15 +307,15 @@ def serialize_etdump(etdump: ETDump) -> bytes:
 # Reader
 # ----------------------------------------------------------------------------------------------
 
-def _str(x: Any) -> str:
-    return x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else (x or "")
-
-
-def _longs(getter, length) -> list[int]:
-    return getter().tolist() if length() else []
+# field indices of the tables (schema declaration order), read with formats._fbread.Table
+_T_SCALAR, _T_SIZES, _T_STRIDES, _T_OFFSET, _T_NBYTES = range(5)
+_V_VAL, _V_TENSOR, _V_LIST, _V_INT, _V_FLOAT, _V_DOUBLE, _V_BOOL, _V_STRING, _V_OUTPUT = range(9)
 
 
 class _Reader:
+    """Decodes the tables with bounds-checked direct reads (``_fbread.Table``): a debug run of an LLM logs
+    tens of thousands of events, which the generated accessors read several times slower."""
+
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.at = "root"  # the field being decoded, for error messages
@@ -322,18 +323,18 @@ class _Reader:
     def fail(self, msg: str, fld: str) -> ETDumpFormatError:
         return ETDumpFormatError(f"ETDump: {fld}: {msg}", field=fld, path=self.path)
 
-    def tensor(self, x: fb.Tensor, at: str) -> Tensor:
+    def tensor(self, x: Table, at: str) -> Tensor:
         self.at = at
-        code = x.ScalarType()
+        code = x.scalar(_T_SCALAR, "b")
         if code not in CODE_TO_DTYPE:
             raise self.fail(f"unknown scalar type code {code}", f"{at}.scalar_type")
-        sizes = _longs(x.SizesAsNumpy, x.SizesLength)
-        strides = _longs(x.StridesAsNumpy, x.StridesLength)
+        sizes = x.scalars(_T_SIZES, "q")
+        strides = x.scalars(_T_STRIDES, "q")
         if len(sizes) != len(strides):
             raise self.fail(f"{len(sizes)} sizes but {len(strides)} strides", f"{at}.strides")
         if any(s < 0 for s in sizes):
             raise self.fail(f"negative size in {sizes}", f"{at}.sizes")
-        t = Tensor(code, sizes, strides, x.Offset(), x.Nbytes())
+        t = Tensor(code, sizes, strides, x.scalar(_T_OFFSET, "q", NO_OFFSET), x.scalar(_T_NBYTES, "q"))
         want = t.numel * CODE_TO_DTYPE[code].itemsize
         if t.nbytes != want:
             raise self.fail(f"nbytes is {t.nbytes}, but {CODE_TO_DTYPE[code]} {sizes} has {want} bytes",
@@ -343,60 +344,58 @@ class _Reader:
                             f"{DEBUG_BUFFER_ALIGNMENT}", f"{at}.offset")
         return t
 
-    def value(self, x: fb.Value | None, at: str) -> Value:
+    def value(self, x: Table | None, at: str) -> Value:
         self.at = at
         if x is None:
             raise self.fail("missing", at)
-        tag = x.Val()
+        tag = x.scalar(_V_VAL, "B")
         try:
             vt = ValueType(tag)
         except ValueError:
             raise self.fail(f"unknown value type tag {tag}", f"{at}.val") from None
-        v = Value(vt, output=bool(x.Output()))
+        v = Value(vt, output=bool(x.scalar(_V_OUTPUT, "?")))
         if vt == ValueType.Tensor:
-            t = x.Tensor()
+            t = x.table(_V_TENSOR)
             if t is None:
                 raise self.fail("value of type Tensor has no tensor", f"{at}.tensor")
             v.tensor = self.tensor(t, f"{at}.tensor")
         elif vt == ValueType.TensorList:
-            tl = x.TensorList()
+            tl = x.table(_V_LIST)
             if tl is None:
                 raise self.fail("value of type TensorList has no tensor_list", f"{at}.tensor_list")
-            v.tensor_list = [self.tensor(tl.Tensors(i), f"{at}.tensor_list[{i}]") for i in range(tl.TensorsLength())]
+            v.tensor_list = [self.tensor(t, f"{at}.tensor_list[{i}]") for i, t in enumerate(tl.tables(0))]
         elif vt == ValueType.Int:
-            v.int_value = int(x.IntValue())
+            v.int_value = int(x.scalar(_V_INT, "q"))
         elif vt == ValueType.Float:
-            v.float_value = float(x.FloatValue())
+            v.float_value = float(x.scalar(_V_FLOAT, "f"))
         elif vt == ValueType.Double:
-            v.double_value = float(x.DoubleValue())
+            v.double_value = float(x.scalar(_V_DOUBLE, "d"))
         elif vt == ValueType.Bool:
-            v.bool_value = bool(x.BoolValue())
+            v.bool_value = bool(x.scalar(_V_BOOL, "?"))
         elif vt == ValueType.String:
-            v.string_value = _str(x.StringValue())
+            v.string_value = x.string(_V_STRING)
         return v
 
-    def event(self, e: fb.Event, at: str) -> Event:
+    def event(self, e: Table, at: str) -> Event:
         self.at = at
-        p, d = e.ProfileEvent(), e.DebugEvent()
+        p, d = e.table(0), e.table(1)
         if (p is None) == (d is None):
             raise self.fail("an event must hold exactly one of profile_event and debug_event", at)
         if p is not None:
             self.at = f"{at}.profile_event"
-            meta = p.DelegateDebugMetadataAsNumpy() if p.DelegateDebugMetadataLength() else None
             return Event(profile_event=ProfileEvent(
-                _str(p.Name()), p.ChainIndex(), p.InstructionId(), p.DelegateDebugIdInt(),
-                _str(p.DelegateDebugIdStr()), meta.tobytes() if meta is not None else b"",
-                int(p.StartTime()), int(p.EndTime())))
+                p.string(0), p.scalar(1, "i", -1), p.scalar(2, "i", -1), p.scalar(3, "i", -1), p.string(4),
+                p.raw(5), int(p.scalar(6, "Q")), int(p.scalar(7, "Q"))))
         self.at = f"{at}.debug_event"
-        entry = self.value(d.DebugEntry(), f"{at}.debug_event.debug_entry")
+        entry = self.value(d.table(6), f"{at}.debug_event.debug_entry")
         self.at = f"{at}.debug_event"
-        return Event(debug_event=DebugEvent(d.ChainIndex(), d.InstructionId(), d.DelegateDebugIdInt(),
-                                            _str(d.DelegateDebugIdStr()), entry, d.OutputIndex(), _str(d.Name())))
+        return Event(debug_event=DebugEvent(d.scalar(1, "i", -1), d.scalar(2, "i", -1), d.scalar(3, "i", -1),
+                                            d.string(4), entry, d.scalar(5, "i"), d.string(0)))
 
-    def run(self, r: fb.RunData, at: str) -> RunData:
+    def run(self, r: Table, at: str) -> RunData:
         self.at = at
-        run = RunData(_str(r.Name()), _str(r.Method()), r.BundledInputIndex())
-        run.events = [self.event(r.Events(j), f"{at}.events[{j}]") for j in range(r.EventsLength())]
+        run = RunData(r.string(0), r.string(1), r.scalar(2, "i", -1))
+        run.events = [self.event(e, f"{at}.events[{j}]") for j, e in enumerate(r.tables(3))]
         return run
 
 
@@ -440,15 +439,15 @@ def deserialize_etdump(data: bytes | bytearray | memoryview, path: str | None = 
     version = check_header(data, path)
     r = _Reader(path)
     try:
-        root = fb.ETDump.GetRootAs(data, 4)
+        root = Table(bytes(data), 4 + struct.unpack_from("<I", data, 4)[0])
         r.at = "program_hash"
-        phash = _str(root.ProgramHash())
+        phash = root.string(1)
         r.at = "debug_buffer_bytes"
-        dbb = root.DebugBufferBytes()
+        dbb = root.scalar(2, "q")
         if dbb < 0:
             raise r.fail(f"negative size {dbb}", "debug_buffer_bytes")
         r.at = "run_data"
-        runs = [r.run(root.RunData(i), f"run_data[{i}]") for i in range(root.RunDataLength())]
+        runs = [r.run(t, f"run_data[{i}]") for i, t in enumerate(root.tables(3))]
     except ETDumpFormatError:
         raise
     except Exception as e:  # the generated accessors do no bounds checks
