@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Any
 
 import flatbuffers
 import numpy as np
