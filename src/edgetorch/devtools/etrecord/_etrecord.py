@@ -252,47 +252,38 @@ class ETRecord:
         Loads in milliseconds from a parsed record without deserializing any program; ``None`` when the
         record has no ATen program for ``method`` or the program cannot be expressed as such a graph (higher-
         order ops, custom objects). The GraphModule is cached: treat it as read-only."""
-        key = self._view_key("aten", method)
-        hit = self._reference_cache.get(method)
-        if hit is not None and key is not None and hit[0] is key:
-            return hit[1]
-        if key is _FROM_FILE:
-            assert self._lazy is not None
-            gm = self._lazy.reference_graph(method)
-        else:
-            key = self.exported_programs.get(method)
-            if key is None:
-                return None
-            try:
-                gm = reference_from_program(key, method)
-            except UnsupportedValueError as e:
-                log.warning("ETRecord: no reference graph for method %r: %s", method, e)
-                gm = None
-        self._reference_cache[method] = (key, gm)
-        return gm
+        return self._graph_view("aten", method)
 
     def edge_reference_graph(self, method: str = "forward") -> torch.fx.GraphModule | None:
         """The edge program of ``method`` (before lowering) as a runnable flat ``GraphModule``, like
         ``reference_graph`` for the ATen program: loads in milliseconds from a parsed record, without
         deserializing the program (weights are views of the mapped file). ``None`` when there is no edge
         program or it cannot be expressed as such a graph. Cached: treat it as read-only."""
-        key = self._view_key("edge_reference", method)
-        hit = self._edge_reference_cache.get(method)
+        return self._graph_view("edge_reference", method)
+
+    def _graph_view(self, role: str, method: str) -> torch.fx.GraphModule | None:
+        """The cached compact graph of ``method``'s ATen (``role`` "aten") or edge ("edge_reference") program:
+        from the file while its entry describes the record's program, else rebuilt from the program."""
+        aten = role == "aten"
+        cache = self._reference_cache if aten else self._edge_reference_cache
+        key = self._view_key(role, method)
+        hit = cache.get(method)
         if hit is not None and key is not None and hit[0] is key:
             return hit[1]
         if key is _FROM_FILE:
             assert self._lazy is not None
-            gm = self._lazy.edge_reference_graph(method)
+            gm = self._lazy.reference_graph(method) if aten else self._lazy.edge_reference_graph(method)
         else:
-            key = self.edge_programs.get(method)
+            key = (self.exported_programs if aten else self.edge_programs).get(method)
             if key is None:
                 return None
             try:
                 gm = reference_from_program(key, method)
             except UnsupportedValueError as e:
-                log.warning("ETRecord: no edge reference graph for method %r: %s", method, e)
+                log.warning("ETRecord: no %s for method %r: %s", "reference graph" if aten else "edge reference graph",
+                            method, e)
                 gm = None
-        self._edge_reference_cache[method] = (key, gm)
+        cache[method] = (key, gm)
         return gm
 
     def handle_table(self, method: str = "forward") -> dict[int, list[NodeInfo]]:
