@@ -107,3 +107,27 @@ class UnsafeModelFileError(ExportInputError):
 class ObserverEffectWarning(UserWarning):
     """Exposing a delegate's intermediates changed its final outputs (the logged inside-delegate values are not
     exactly what a plain run computes)."""
+
+
+class ArtifactIOError(EdgeTorchError, OSError):
+    """An artifact path cannot be read or written (a directory, no permission, disk full); names the path."""
+
+
+class ArtifactNotFoundError(ArtifactIOError, FileNotFoundError):
+    """An artifact file does not exist; names the path."""
+
+
+class DebugBufferConfigError(EdgeTorchError, ValueError):
+    """``debug_buffer_size`` / ``debug_buffer_path`` given to ``load_program`` are not usable (a negative or
+    absurd size, an unknown mode); names the argument."""
+
+
+def artifact_io_error(e: OSError, what: str, path: str) -> ArtifactIOError:
+    """The typed error for an ``OSError`` met while reading or writing the artifact ``what`` at ``path``."""
+    if isinstance(e, FileNotFoundError):
+        return ArtifactNotFoundError(f"{what} not found: {path}")
+    if isinstance(e, IsADirectoryError):
+        return ArtifactIOError(f"{what} {path} is a directory, not a file")
+    if isinstance(e, PermissionError):
+        return ArtifactIOError(f"{what} {path} cannot be accessed: permission denied")
+    return ArtifactIOError(f"{what} {path}: {e.strerror or e}")

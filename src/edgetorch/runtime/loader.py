@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from edgetorch.errors import ProgramFormatError
+from edgetorch.errors import ProgramFormatError, artifact_io_error
 from edgetorch.formats import program as pf
 
 
@@ -39,8 +39,8 @@ def read_data(data: Any) -> tuple[Any, str | None]:
                 if size == 0:
                     return b"", path
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), path
-        except FileNotFoundError:
-            raise FileNotFoundError(f"program file not found: {path}") from None
+        except OSError as e:
+            raise artifact_io_error(e, "program file", path) from None
     if isinstance(data, (bytes, bytearray, memoryview)):
         return (bytes(data) if isinstance(data, memoryview) else data), None
     if isinstance(data, io.IOBase) or hasattr(data, "read"):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from edgetorch._fileio import atomic_write
-from edgetorch.errors import DebugBufferOverflowError, EdgeTorchError
+from edgetorch.errors import DebugBufferConfigError, DebugBufferOverflowError, EdgeTorchError
 from edgetorch.formats import etdump as ed
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import code_dtype, contiguous_strides, dtype_code
@@ -39,6 +39,7 @@ ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
 _ZEROS = memoryview(bytes(ALIGNMENT))
 _STATIC_PLACEMENTS = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_ALIAS, pf.PLACEMENT_MUTABLE)
 _memmove = ctypes.memmove  # releases the GIL while it copies
+MAX_DEBUG_BUFFER_BYTES = 1 << 40  # a fixed buffer beyond 1 TiB is a mistake, not a plan
 ASYNC_MIN_BYTES = 2 << 20  # runs storing less copy inline, without a writer thread
 
 
@@ -340,18 +341,23 @@ def make_sink(debug_buffer_size: int | str = 0, debug_buffer_path: str | os.Path
     ``debug_buffer_size`` bytes when that is an int > 0), else a fixed buffer of ``debug_buffer_size`` bytes,
     else a growing one for "auto"; ``None`` when no intermediates are wanted."""
     size = debug_buffer_size
-    if isinstance(size, bool) or not isinstance(size, (int, str)) or size is None:
-        raise TypeError(f"debug_buffer_size must be a number of bytes or 'auto', got {size!r}")
-    if isinstance(size, str) and size != "auto":
-        raise ValueError(f"debug_buffer_size must be a number of bytes or 'auto', got {size!r}")
-    if isinstance(size, int) and size < 0:
-        raise ValueError(f"debug_buffer_size must be >= 0, got {size}")
+    if isinstance(size, bool) or not isinstance(size, (int, str)) or size is None or \
+            (isinstance(size, str) and size != "auto"):
+        raise DebugBufferConfigError(f"debug_buffer_size must be a number of bytes or 'auto', got {size!r}")
+    if isinstance(size, int) and not 0 <= size <= MAX_DEBUG_BUFFER_BYTES:
+        raise DebugBufferConfigError(f"debug_buffer_size must be between 0 and {MAX_DEBUG_BUFFER_BYTES} bytes "
+                                     f"(a fixed buffer is allocated up front; use 'auto' or debug_buffer_path for "
+                                     f"large runs), got {size}")
     if debug_buffer_path is not None:
         return FileSink(debug_buffer_path, size if isinstance(size, int) and size > 0 else None)
     if size == "auto":
         return FileSink(None)
     if size:
-        return BufferSink(size)
+        try:
+            return BufferSink(size)
+        except (OSError, MemoryError, RuntimeError) as e:
+            raise DebugBufferConfigError(f"debug_buffer_size={size}: a buffer of that size cannot be reserved "
+                                         f"({e}); use 'auto' or debug_buffer_path") from None
     return None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from edgetorch.errors import ETDumpFormatError
+from edgetorch.errors import ETDumpFormatError, artifact_io_error
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, contiguous_strides
 
@@ -26,8 +26,8 @@ def read_etdump(path: str | os.PathLike) -> ed.ETDump:
     try:
         with open(path, "rb") as f:
             data = f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"ETDump file not found: {path}") from None
+    except OSError as e:
+        raise artifact_io_error(e, "ETDump file", str(path)) from None
     return ed.deserialize_etdump(data, path)
 
 
@@ -44,8 +44,8 @@ class DebugBuffer:
                 with open(self.path, "rb") as f:
                     size = os.fstat(f.fileno()).st_size
                     self._buf: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
-            except FileNotFoundError:
-                raise FileNotFoundError(f"debug buffer file not found: {self.path}") from None
+            except OSError as e:
+                raise artifact_io_error(e, "debug buffer file", str(self.path)) from None
             if size:
                 self._mmap = self._buf
         elif isinstance(source, (bytes, bytearray, memoryview)):
