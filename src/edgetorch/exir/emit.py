@@ -35,6 +35,7 @@ from edgetorch.exir.op_variants import is_view_op, out_variant
 from edgetorch.exir.symbolic import SymbolTable, is_dynamic_tensor, sym_tensor_def, symbol_table
 from edgetorch.exir.verifier import _IGNORED_TARGETS
 from edgetorch.formats import program as pf
+from edgetorch.formats import symexpr
 from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, code_dtype, dtype_code, storage_nbytes
 
 
@@ -104,16 +105,9 @@ def _tensor_def(v: torch.Tensor, placement: int, constant_index: int = -1,
 
 
 def _dynamic_tensor_def(v: torch.Tensor, placement: int, symbols: SymbolTable, what: str) -> pf.TensorDef:
-    from edgetorch.formats import symexpr
-
-    sizes, strides, so, text = sym_tensor_def(symbols, v, what)
-    shape = symexpr.parse_sym_shape(text, len(sizes), len(symbols.symbols), what)
-    nbytes = 0
-    for env in (symbols.lower_env(), symbols.upper_env()):
-        sz = [symexpr.evaluate(e, env) for e in shape[0]]
-        st = [symexpr.evaluate(e, env) for e in shape[1]]
-        nbytes = max(nbytes, storage_nbytes(sz, st, symexpr.evaluate(shape[2], env), v.element_size()))
-    return pf.TensorDef(dtype_code(v.dtype), sizes, strides, so, placement, nbytes, -1, -1, sym_shape=text)
+    t = sym_tensor_def(symbols, v, what, dtype_code(v.dtype))
+    t.placement = placement
+    return t
 
 
 class _MethodEmitter:
@@ -213,8 +207,6 @@ class _MethodEmitter:
         raise ExportError(f"method '{self.name}': cannot emit argument {a!r} of type {type(a).__name__}")
 
     def sym_int_list(self, a: list | tuple) -> int:
-        from edgetorch.formats import symexpr
-
         exprs = []
         for x in a:
             v = x.meta.get("val") if isinstance(x, torch.fx.Node) else x
@@ -226,8 +218,6 @@ class _MethodEmitter:
 
     def sym_value(self, v, what: str) -> int:
         """A value for a symbolic (or specialised) scalar."""
-        from edgetorch.formats import symexpr
-
         if isinstance(v, torch.SymInt):
             e = self.symbols.encode_int(v, what)
             return self.add_value(e if isinstance(e, int) else pf.SymIntV(symexpr.dumps(e)))

@@ -17,6 +17,7 @@ from torch.export.graph_signature import InputKind
 from edgetorch.errors import ExportError, UnsupportedOpError
 from edgetorch.formats import program as pf
 from edgetorch.formats import symexpr
+from edgetorch.formats.dtypes import storage_nbytes
 
 _MAX_BOUND = 1 << 40  # a "max" this large is no bound at all for planning
 
@@ -131,11 +132,17 @@ def is_dynamic_tensor(v: torch.Tensor) -> bool:
     return any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride(), v.storage_offset()))
 
 
-def sym_tensor_def(table: SymbolTable, v: torch.Tensor, what: str) -> tuple[list[int], list[int], int, str]:
-    """(upper-bound sizes, upper-bound strides, upper-bound storage offset, sym_shape JSON) of a dynamic tensor."""
+def sym_tensor_def(table: SymbolTable, v: torch.Tensor, what: str, dtype_code: int) -> pf.TensorDef:
+    """The ``TensorDef`` of a dynamic tensor: sizes/strides/offset at the upper bounds, ``sym_shape`` with their
+    expressions, and ``nbytes`` the largest extent at the lower and the upper bounds (what the plan reserves)."""
     sizes = [table.encode_int(s, what) for s in v.shape]
     # a size-1 dim's stride never moves an address (and export may leave a stale symbol there): use 1
     strides = [1 if isinstance(n, int) and n == 1 else table.encode_int(s, what) for n, s in zip(v.shape, v.stride())]
     off = table.encode_int(v.storage_offset(), what)
+    nbytes = 0
+    for env in (table.lower_env(), table.upper_env()):
+        at = [[symexpr.evaluate(e, env) for e in es] for es in (sizes, strides)]
+        nbytes = max(nbytes, storage_nbytes(at[0], at[1], symexpr.evaluate(off, env), v.element_size()))
     text = symexpr.dumps({"sizes": sizes, "strides": strides, "offset": off})
-    return [table.bounds(e) for e in sizes], [table.bounds(e) for e in strides], table.bounds(off), text
+    return pf.TensorDef(dtype_code, [table.bounds(e) for e in sizes], [table.bounds(e) for e in strides],
+                        table.bounds(off), pf.PLACEMENT_PLANNED, nbytes, sym_shape=text)

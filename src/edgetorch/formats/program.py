@@ -24,6 +24,7 @@ import flatbuffers
 from edgetorch.formats import symexpr
 from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import program_generated as fb
+from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE
 from edgetorch.formats.errors import ProgramFormatError
 
 MAGIC = b"EDGTPROG"
@@ -724,8 +725,6 @@ def _ranges_of(t: Table, i: int) -> list[tuple[int, int]]:
 
 
 def _plain_scalar_type(code: int) -> bool:
-    from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE
-
     return code in PLAIN_CODE_TO_DTYPE
 
 

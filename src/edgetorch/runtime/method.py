@@ -21,6 +21,7 @@ shared); load the program twice to run it in parallel.
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import warnings
 from collections.abc import Callable
@@ -478,8 +479,6 @@ class Method:
 
 
 def _sym_sizes(v: pf.TensorDef) -> list:
-    import json
-
     try:
         return json.loads(v.sym_shape)["sizes"]
     except (ValueError, KeyError, TypeError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import warnings
 from typing import Any
 
 import torch
@@ -97,8 +98,6 @@ class Program:
                                          f"{code_dtype(first.scalar_type)} {list(first.sizes)}",
                                          field=f"{method}.mutable_buffers")
             return t
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only buffer: copied right away
             t = self._initial_value(mb).clone()
@@ -107,8 +106,6 @@ class Program:
 
     def reset_buffers(self, names: list[str] | None = None) -> None:
         """Restores the initial value of the named mutable buffers (all when ``names`` is None)."""
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             for name in (self._buffers if names is None else names):
