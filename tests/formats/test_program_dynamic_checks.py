@@ -13,8 +13,7 @@ import torch
 from edgetorch.errors import ProgramFormatError, RuntimeInputError
 from edgetorch.exir import to_edge
 from edgetorch.formats import program as pf
-from edgetorch.runtime import Runtime
-from edgetorch.runtime import _treespec
+from edgetorch.runtime import Runtime, _treespec
 from edgetorch.runtime._shapes import ShapeBinder
 
 
