@@ -26,6 +26,10 @@ class ExportError(EdgeTorchError):
     """A model could not be turned into an edge program (unsupported op, dynamic shape, ...)."""
 
 
+class MemoryPlanError(ExportError):
+    """A memory plan places two tensors that are live at the same time in the same arena bytes."""
+
+
 class UnsupportedOpError(ExportError):
     """The edge graph holds an op the runtime cannot execute; names the node, op and source line."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -84,3 +85,46 @@ def test_arena_is_no_larger_than_live_bytes_at_peak_on_zoo_models():
         model, inputs = get_model(name)
         report = lower(model, inputs).memory_plan_report()["forward"]
         assert 0 < report["arena_bytes"] <= report["peak_live_bytes"], (name, report)
+
+
+def test_verifier_derives_the_planner_lifetimes_from_instructions():
+    """live_ranges sees the same lifetimes the planner was given: every pair it calls live together is apart."""
+    from edgetorch.exir.memory_planning import live_ranges
+
+    et = lower(AliasTrap(), (torch.randn(4, 8),))
+    plan = et.program.plan("forward")
+    spans = live_ranges(plan)
+    planned = [i for i, v in enumerate(plan.values)
+               if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED and v.nbytes]
+    assert set(planned) <= set(spans)
+    assert all(spans[i][0] == -1 for i in plan.inputs)
+    assert all(spans[i][1] == len(plan.instructions) for i in plan.outputs if i in spans)
+    bufs = [Buffer(i, plan.values[i].nbytes, *spans[i]) for i in planned]
+    _check_no_overlap(bufs, {i: plan.values[i].arena_offset for i in planned})
+
+
+def test_to_executorch_refuses_a_plan_with_overlapping_live_tensors(monkeypatch):
+    """A planner bug (everything at offset 0) is caught at emission with an error naming both values."""
+    from edgetorch.errors import MemoryPlanError
+    from edgetorch.exir import emit, memory_planning
+
+    def broken(buffers, alignment=64):
+        plan = memory_planning.plan_memory(buffers, alignment)
+        return memory_planning.MemoryPlan({k: 0 for k in plan.offsets}, plan.arena_size, plan.peak_live_bytes, "x")
+
+    monkeypatch.setattr(emit, "plan_memory", broken)
+    with pytest.raises(MemoryPlanError, match=r"method 'forward': values \d+ .* share arena bytes"):
+        lower(AliasTrap(), (torch.randn(4, 8),))
+
+
+def test_to_executorch_refuses_a_tensor_outside_the_arena(monkeypatch):
+    from edgetorch.errors import MemoryPlanError
+    from edgetorch.exir import emit, memory_planning
+
+    def short(buffers, alignment=64):
+        plan = memory_planning.plan_memory(buffers, alignment)
+        return memory_planning.MemoryPlan(plan.offsets, 64, plan.peak_live_bytes, "x")
+
+    monkeypatch.setattr(emit, "plan_memory", short)
+    with pytest.raises(MemoryPlanError, match="outside the 64-byte arena"):
+        lower(AliasTrap(), (torch.randn(4, 8),))

@@ -30,7 +30,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from edgetorch.errors import ExportError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
-from edgetorch.exir.memory_planning import Buffer, MemoryPlan, plan_memory
+from edgetorch.exir.memory_planning import Buffer, MemoryPlan, plan_memory, verify_memory_plan
 from edgetorch.exir.op_variants import is_view_op, out_variant
 from edgetorch.exir.symbolic import SymbolTable, is_dynamic_tensor, sym_tensor_def, symbol_table
 from edgetorch.exir.verifier import _IGNORED_TARGETS
@@ -485,6 +485,7 @@ class _MethodEmitter:
             output_names=output_names, operators=self.operators, delegates=self.delegates,
             instructions=self.instructions, arena_size=mp.arena_size, debug_buffer_bytes=debug_bytes,
             symbols=list(self.symbols.symbols), mutable_buffers=self.mutable_buffers)
+        verify_memory_plan(plan)
         return EmittedMethod(plan, mp, self.debug_handle_map, self.delegate_map, self.num_outs)
 
 
