@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgetorch.errors import RecipeError
-from edgetorch.export.recipe import ExportRecipe, RecipeType
+
+if TYPE_CHECKING:  # annotations only: recipe.py imports this module when a recipe is asked for
+    from edgetorch.export.recipe import ExportRecipe, RecipeType
 
 __all__ = ["BackendRecipeProvider", "RecipeRegistry", "recipe_registry", "register_backend_recipe_provider"]
 
