@@ -6,10 +6,18 @@ Patterns annotated: ``conv1d/conv2d`` and ``linear`` (each optionally followed b
 are then fused: only the activation's output is quantized), and for static modes also ``add`` (+ ``relu``)
 and ``max_pool2d`` / ``avg_pool2d`` / ``adaptive_avg_pool2d`` (output shares the input's parameters).
 Everything else stays in float; biases stay float.
+
+Exclusions keep chosen ops in float (TFLite's denylist, the selective fallback of quantization debugging):
+``exclude_module_paths`` (substrings of ``nn_module_stack`` paths, as ``OrtPartitioner``'s), ``exclude_nodes``
+(node names of the pre-quantization ATen graph, e.g. ``"conv2d_1"``, as the float reference graph of the
+ETRecord names them) and ``exclude_ops`` (OpOverloads or names such as ``"aten.linear.default"`` / ``"linear"``).
+An excluded op is left unannotated: its inputs, weights and output stay float (a quantized producer's output is
+dequantized before it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +35,8 @@ from torchao.quantization.pt2e.quantizer import (
     Quantizer,
     SharedQuantizationSpec,
 )
+
+from edgetorch.errors import RecipeError
 
 __all__ = ["SymmetricQuantizationConfig", "SymmetricInt8Quantizer", "get_symmetric_quantization_config"]
 
@@ -48,15 +58,37 @@ class SymmetricQuantizationConfig:
     ``dynamic``: activations of conv/linear are quantized at run time from their own min/max
     (``choose_qparams``); only conv/linear are annotated then.
     ``activation_observer``: "minmax" (fast, the default) or "histogram" (slower calibration, clips outliers).
+    ``exclude_module_paths`` / ``exclude_nodes`` / ``exclude_ops``: ops kept in float (see the module docstring);
+    bad values raise ``RecipeError`` naming the argument.
     """
 
     per_channel: bool = True
     dynamic: bool = False
     activation_observer: Literal["minmax", "histogram"] = "minmax"
+    exclude_module_paths: tuple[str, ...] = ()
+    exclude_nodes: tuple[str, ...] = ()
+    exclude_ops: tuple[object, ...] = ()
 
     def __post_init__(self) -> None:
         if self.activation_observer not in ("minmax", "histogram"):
-            raise ValueError(f"activation_observer must be 'minmax' or 'histogram', got {self.activation_observer!r}")
+            raise RecipeError(f"activation_observer must be 'minmax' or 'histogram', got "
+                              f"{self.activation_observer!r}")
+        object.__setattr__(self, "exclude_module_paths", _strings(self.exclude_module_paths, "exclude_module_paths"))
+        object.__setattr__(self, "exclude_nodes", _strings(self.exclude_nodes, "exclude_nodes"))
+        object.__setattr__(self, "exclude_ops", tuple(resolve_op(o, "exclude_ops") for o in _items(
+            self.exclude_ops, "exclude_ops")))
+
+    def excludes(self, node: Node) -> str | None:
+        """Why ``node`` stays float (``"exclude_nodes"``, ...), or None when it may be quantized."""
+        if node.name in self.exclude_nodes:
+            return "exclude_nodes"
+        if node.target in self.exclude_ops:
+            return "exclude_ops"
+        if self.exclude_module_paths:
+            paths = module_paths(node)
+            if any(sub in p for sub in self.exclude_module_paths for p in paths):
+                return "exclude_module_paths"
+        return None
 
     def activation_spec(self) -> QuantizationSpec:
         if self.dynamic:
@@ -79,9 +111,55 @@ class SymmetricQuantizationConfig:
 
 def get_symmetric_quantization_config(per_channel: bool = True, dynamic: bool = False,
                                       activation_observer: Literal["minmax", "histogram"] = "minmax",
-                                      ) -> SymmetricQuantizationConfig:
+                                      exclude_module_paths: Iterable[str] = (), exclude_nodes: Iterable[str] = (),
+                                      exclude_ops: Iterable[object] = ()) -> SymmetricQuantizationConfig:
     """The config of :class:`SymmetricInt8Quantizer` (a named constructor, as users of PT2E expect)."""
-    return SymmetricQuantizationConfig(per_channel, dynamic, activation_observer)
+    return SymmetricQuantizationConfig(per_channel, dynamic, activation_observer, tuple(exclude_module_paths),
+                                       tuple(exclude_nodes), tuple(exclude_ops))
+
+
+def _items(value: object, arg: str) -> tuple:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise RecipeError(f"{arg} must be a list or tuple, got {type(value).__name__} {value!r}")
+    return tuple(value)
+
+
+def _strings(value: object, arg: str) -> tuple[str, ...]:
+    items = _items(value, arg)
+    bad = [v for v in items if not isinstance(v, str) or not v]
+    if bad:
+        raise RecipeError(f"{arg} must hold non-empty strings, got {bad!r}")
+    return items
+
+
+def resolve_op(spec: object, arg: str = "exclude_ops") -> torch._ops.OpOverload:
+    """An OpOverload from an OpOverload, a packet (its default overload) or a name (``"aten.linear.default"``,
+    ``"linear"``, ``"add.Tensor"``); anything else raises ``RecipeError`` naming ``arg``."""
+    if isinstance(spec, torch._ops.OpOverload):
+        return spec
+    if isinstance(spec, torch._ops.OpOverloadPacket):
+        return spec.default
+    if not isinstance(spec, str) or not spec:
+        raise RecipeError(f"{arg}: expected an op (OpOverload or a name such as 'aten.linear.default'), got "
+                          f"{type(spec).__name__} {spec!r}")
+    parts = spec.split(".")
+    if parts[0] == "aten":
+        parts = parts[1:]
+    name, overload = parts[0], (parts[1] if len(parts) > 1 else "default")
+    try:
+        return getattr(getattr(aten, name), overload)
+    except (AttributeError, RuntimeError, IndexError):
+        raise RecipeError(f"{arg}: unknown op {spec!r} (expected e.g. 'aten.linear.default' or 'linear')") from None
+
+
+def module_paths(node: Node) -> list[str]:
+    """The module paths of ``node``'s ``nn_module_stack`` (outermost first), e.g. ``["", "layer1.0.conv1"]``."""
+    out = []
+    for v in (node.meta.get("nn_module_stack") or {}).values():
+        path = v[0] if isinstance(v, (list, tuple)) and v else v
+        if isinstance(path, str):
+            out.append(path)
+    return out
 
 
 def _is_float_tensor(n: object) -> bool:
@@ -96,12 +174,13 @@ def _is_annotated(n: Node) -> bool:
     return ann is not None and ann._annotated
 
 
-def _fused_activation(n: Node) -> Node | None:
-    """The relu/hardtanh that is ``n``'s only user, if any and not annotated yet."""
+def _fused_activation(n: Node, config: SymmetricQuantizationConfig) -> Node | None:
+    """The relu/hardtanh that is ``n``'s only user, if any, not annotated yet and not excluded."""
     if len(n.users) != 1:
         return None
     (user,) = n.users
-    if user.op == "call_function" and user.target in _ACTIVATIONS and not _is_annotated(user):
+    if user.op == "call_function" and user.target in _ACTIVATIONS and not _is_annotated(user) \
+            and not config.excludes(user):
         return user
     return None
 
@@ -110,10 +189,11 @@ def _annotate(n: Node, inputs: dict, output: object = None) -> None:
     n.meta[_ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
 
 
-def _annotate_with_activation(n: Node, inputs: dict, act: QuantizationSpec) -> None:
+def _annotate_with_activation(n: Node, inputs: dict, act: QuantizationSpec,
+                              config: SymmetricQuantizationConfig) -> None:
     """Annotates ``n``'s inputs; its output is quantized, or, when a relu/hardtanh follows and is fused, the
     activation's output instead."""
-    relu = _fused_activation(n)
+    relu = _fused_activation(n, config)
     if relu is None:
         _annotate(n, inputs, act)
     else:
@@ -139,7 +219,7 @@ class SymmetricInt8Quantizer(Quantizer):
     def annotate(self, model: GraphModule) -> GraphModule:
         cfg = self.config
         act, weight = cfg.activation_spec(), cfg.weight_spec()
-        nodes = [n for n in model.graph.nodes if n.op == "call_function"]
+        nodes = [n for n in model.graph.nodes if n.op == "call_function" and not cfg.excludes(n)]
         for n in nodes:
             if n.target in _WEIGHTED and not _is_annotated(n):
                 self._annotate_weighted(n, act, weight)
@@ -163,13 +243,13 @@ class SymmetricInt8Quantizer(Quantizer):
         if self.config.dynamic:  # dynamic: quantize the input at run time, keep the output float
             _annotate(n, inputs)
             return
-        _annotate_with_activation(n, inputs, act)
+        _annotate_with_activation(n, inputs, act, self.config)
 
     def _annotate_add(self, n: Node, act: QuantizationSpec) -> None:
         inputs = {a: act for a in n.args[:2] if _is_float_tensor(a)}
         if not inputs or not _is_float_tensor(n):
             return
-        _annotate_with_activation(n, inputs, act)
+        _annotate_with_activation(n, inputs, act, self.config)
 
     def validate(self, model: GraphModule) -> None:
         """Nothing to check: every annotation this quantizer makes is one the portable kernels run."""

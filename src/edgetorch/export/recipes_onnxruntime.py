@@ -5,8 +5,10 @@ kernels (QLinearConv, QGemm, ...). What ``XNNPackRecipeType`` is to the referenc
     session = export(model, [inputs], ExportRecipe.get_recipe(OrtRecipeType.INT8_STATIC_PER_CHANNEL))
 
 ``create_recipe`` takes the ``OrtPartitioner`` options (``exclude_ops``, ``exclude_nodes``,
-``exclude_module_paths``, ``fallback_unsupported``, ``graph_optimization_level``, ...) and, for INT8
-recipes, ``activation_observer``.
+``exclude_module_paths``, ``fallback_unsupported``, ``graph_optimization_level``, ...: ``exclude_*`` keep ops out
+of the delegate) and, for INT8 recipes, ``activation_observer`` and the quantization exclusions
+``quant_exclude_module_paths`` / ``quant_exclude_nodes`` / ``quant_exclude_ops`` (ops kept in float, still run by
+ORT in FP32; see ``SymmetricQuantizationConfig``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from edgetorch.errors import RecipeError
 from edgetorch.export.recipe import ExportRecipe, LoweringRecipe, RecipeType
-from edgetorch.export.recipes_portable import int8_quantization_recipe
+from edgetorch.export.recipes_portable import QUANT_EXCLUSION_OPTIONS, int8_quantization_recipe
 from edgetorch.export.registry import BackendRecipeProvider, register_backend_recipe_provider
 
 __all__ = ["OrtRecipeProvider", "OrtRecipeType"]
@@ -55,7 +57,8 @@ def _partitioner(recipe_type: RecipeType, options: dict[str, Any]) -> Any:
     if unknown:
         raise RecipeError(f"{recipe_type.name}: unknown option(s) {sorted(unknown)}; OrtPartitioner accepts "
                           f"{sorted(accepted)}" + ("" if recipe_type == OrtRecipeType.FP32 else
-                                                    " and INT8 recipes activation_observer="))
+                                                    " and INT8 recipes activation_observer=, "
+                                                    + "=, ".join(QUANT_EXCLUSION_OPTIONS) + "="))
     try:
         return OrtPartitioner(**options)
     except (TypeError, ValueError) as e:
@@ -78,7 +81,9 @@ class OrtRecipeProvider(BackendRecipeProvider):
         quant = None
         if recipe_type != OrtRecipeType.FP32:
             per_channel, dynamic = _INT8[recipe_type]
-            quant = int8_quantization_recipe(per_channel, dynamic, kwargs.pop("activation_observer", "minmax"))
+            quant_options = {k: kwargs.pop(k) for k in ("activation_observer", *QUANT_EXCLUSION_OPTIONS)
+                             if k in kwargs}
+            quant = int8_quantization_recipe(per_channel, dynamic, **quant_options)
         lowering = LoweringRecipe(partitioners=[_partitioner(recipe_type, kwargs)])
         return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME, quantization_recipe=quant,
                             lowering_recipe=lowering)

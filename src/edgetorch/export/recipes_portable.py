@@ -37,8 +37,18 @@ _INT8 = {
 }
 
 
+#: the recipe options of the INT8 recipes that keep ops in float; ``quant_exclude_*`` is the spelling every
+#: backend's INT8 recipe accepts (ORT's own ``exclude_*`` exclude ops from delegation), the portable recipes also
+#: take the bare ``exclude_*`` (it can mean nothing else there)
+QUANT_EXCLUSION_OPTIONS = ("quant_exclude_module_paths", "quant_exclude_nodes", "quant_exclude_ops")
+_PORTABLE_ALIASES = {"exclude_module_paths": "quant_exclude_module_paths", "exclude_nodes": "quant_exclude_nodes",
+                     "exclude_ops": "quant_exclude_ops"}
+
+
 class PortableRecipeProvider(BackendRecipeProvider):
-    """``create_recipe(INT8_*, activation_observer="minmax"|"histogram")``; FP32 takes no arguments."""
+    """``create_recipe(INT8_*, activation_observer="minmax"|"histogram", quant_exclude_module_paths=(...),
+    quant_exclude_nodes=(...), quant_exclude_ops=(...))`` (or ``exclude_module_paths=`` etc.: the ops kept in
+    float, see ``SymmetricQuantizationConfig``); FP32 takes no arguments."""
 
     @property
     def backend_name(self) -> str:
@@ -54,22 +64,35 @@ class PortableRecipeProvider(BackendRecipeProvider):
             if kwargs:
                 raise RecipeError(f"PortableRecipeType.FP32 takes no arguments, got {sorted(kwargs)}")
             return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME)
-        unknown = set(kwargs) - {"activation_observer"}
+        options = dict(kwargs)
+        for alias, name in _PORTABLE_ALIASES.items():
+            if alias in options:
+                if name in options:
+                    raise RecipeError(f"{recipe_type.name}: give {alias}= or {name}=, not both")
+                options[name] = options.pop(alias)
+        unknown = set(options) - {"activation_observer", *QUANT_EXCLUSION_OPTIONS}
         if unknown:
-            raise RecipeError(f"{recipe_type.name} accepts only activation_observer=, got {sorted(unknown)}")
+            raise RecipeError(f"{recipe_type.name} accepts only activation_observer= and "
+                              f"{'=, '.join(QUANT_EXCLUSION_OPTIONS)}= (or exclude_*=), got {sorted(unknown)}")
         per_channel, dynamic = _INT8[recipe_type]
         return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME, quantization_recipe=int8_quantization_recipe(
-            per_channel, dynamic, kwargs.get("activation_observer", "minmax")))
+            per_channel, dynamic, **options))
 
 
 def int8_quantization_recipe(per_channel: bool, dynamic: bool, activation_observer: str = "minmax",
-                             ) -> QuantizationRecipe:
-    """The PT2E INT8 quantization of the INT8 recipes (``SymmetricInt8Quantizer``); bad settings raise
-    ``RecipeError``."""
-    from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
+                             quant_exclude_module_paths: Any = (), quant_exclude_nodes: Any = (),
+                             quant_exclude_ops: Any = ()) -> QuantizationRecipe:
+    """The PT2E INT8 quantization of the INT8 recipes (``SymmetricInt8Quantizer``), with the ops kept in float;
+    bad settings raise ``RecipeError`` naming the option."""
+    from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, _items
 
+    excluded = {name: _items(value, name) for name, value in zip(
+        QUANT_EXCLUSION_OPTIONS, (quant_exclude_module_paths, quant_exclude_nodes, quant_exclude_ops))}
     try:
-        config = SymmetricQuantizationConfig(per_channel, dynamic, activation_observer)  # type: ignore[arg-type]
+        config = SymmetricQuantizationConfig(per_channel, dynamic, activation_observer,  # type: ignore[arg-type]
+                                             *excluded.values())
+    except RecipeError as e:
+        raise RecipeError(f"quant_{e}" if str(e).startswith("exclude_") else str(e)) from None
     except ValueError as e:
         raise RecipeError(str(e)) from None
     return QuantizationRecipe(quantizers=[SymmetricInt8Quantizer(config)])
