@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from torch.export import ExportedProgram
 
 from edgetorch.errors import ExportError
-from edgetorch.exir.backend.lowering import clone_program
+from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import fill_missing_debug_handles
 from edgetorch.exir.verifier import verify_edge_program
 

@@ -32,6 +32,7 @@ from edgetorch.backends.onnxruntime.ops import REWRITTEN, op_name, quantize_ops
 from edgetorch.errors import ExportError
 from edgetorch.exir.backend.backend_details import BackendDetails, PreprocessResult, register_backend_details
 from edgetorch.exir.backend.partitioner import CompileSpec
+from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 
 log = logging.getLogger(__name__)
@@ -172,8 +173,6 @@ def _unused_outputs(n: torch.fx.Node) -> set[int] | None:
 
 
 def _copy_program(ep: ExportedProgram) -> ExportedProgram:
-    from edgetorch.exir.backend.lowering import clone_program
-
     work = clone_program(ep)
     if [n.name for n in work.graph.nodes] != [n.name for n in ep.graph.nodes]:  # pragma: no cover - torch change
         raise ExportError("onnxruntime: copying the partition renamed its nodes; debug tables would be wrong")

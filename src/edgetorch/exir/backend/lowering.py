@@ -22,29 +22,12 @@ from edgetorch.errors import ExportError
 from edgetorch.exir.backend.backend_details import get_backend_details
 from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule
 from edgetorch.exir.backend.partitioner import DELEGATION_TAG, Partitioner
+from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import get_debug_handle, set_debug_handle, source_location
 
 log = logging.getLogger(__name__)
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")
-
-
-def clone_program(ep: ExportedProgram, gm: torch.fx.GraphModule | None = None,
-                  signature: ExportGraphSignature | None = None, state_dict: dict | None = None,
-                  constants: dict | None = None) -> ExportedProgram:
-    """A new ExportedProgram sharing tensors with ``ep`` but with its own graph (node metas copied)."""
-    if gm is None:
-        graph = torch.fx.Graph()
-        out = graph.graph_copy(ep.graph, {})
-        graph.output(out)
-        gm = torch.fx.GraphModule(ep.graph_module, graph)
-    return ExportedProgram(
-        root=gm, graph=gm.graph, graph_signature=signature or copy.deepcopy(ep.graph_signature),
-        state_dict=dict(ep.state_dict) if state_dict is None else state_dict,
-        range_constraints=ep.range_constraints, module_call_graph=copy.deepcopy(ep.module_call_graph),
-        example_inputs=ep.example_inputs, constants=dict(ep.constants) if constants is None else constants,
-        verifiers=ep.verifiers,
-    )
 
 
 def _hint(s) -> int:
