@@ -22,12 +22,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e import (
+    CUSTOM_KEY,
+    NUMERIC_DEBUG_HANDLE_KEY,
     HistogramObserver,
     MinMaxObserver,
     PerChannelMinMaxObserver,
     PlaceholderObserver,
+    generate_numeric_debug_handle,
 )
 from torchao.quantization.pt2e.quantizer import (
     QuantizationAnnotation,
@@ -38,7 +42,8 @@ from torchao.quantization.pt2e.quantizer import (
 
 from edgetorch.errors import RecipeError
 
-__all__ = ["SymmetricQuantizationConfig", "SymmetricInt8Quantizer", "get_symmetric_quantization_config"]
+__all__ = ["SymmetricQuantizationConfig", "SymmetricInt8Quantizer", "capture_float_program", "float_handle",
+           "get_symmetric_quantization_config"]
 
 _ANNOTATION_KEY = "quantization_annotation"  # the node.meta key prepare_pt2e reads
 _EPS = 2.0 ** -12
@@ -160,6 +165,40 @@ def module_paths(node: Node) -> list[str]:
         if isinstance(path, str):
             out.append(path)
     return out
+
+
+def capture_float_program(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
+                          dynamic_shapes: object = None, strict: bool = False) -> ExportedProgram:
+    """``torch.export`` of the float model with torchao's PT2E numeric debug handles on every op node: quantize
+    ``capture_float_program(...).module()`` with ``prepare_pt2e``/``convert_pt2e`` and the handles survive into
+    the quantized program (``meta["custom"]["numeric_debug_handle"]``, kept by re-export and ``to_edge``), so
+    every quantized op group maps back to its float op. Record the program with
+    ``etrecord.add_float_reference(program)`` (export sessions with a quantization recipe do both)."""
+    ep = torch.export.export(model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    generate_numeric_debug_handle(ep)
+    return ep
+
+
+def float_handle(node: Node) -> int | None:
+    """The PT2E numeric debug handle of ``node`` (the float op it comes from), if any."""
+    custom = node.meta.get(CUSTOM_KEY)
+    h = custom.get(NUMERIC_DEBUG_HANDLE_KEY) if isinstance(custom, dict) else None
+    return h if isinstance(h, int) and not isinstance(h, bool) else None
+
+
+def float_handles_as_debug_handles(ep: ExportedProgram) -> int:
+    """Gives every op node of a float program captured by :func:`capture_float_program` its numeric debug handle
+    as edgetorch debug handle (a fresh ``meta["custom"]`` dict: graphs taken from the program before keep
+    theirs); returns how many nodes carry one."""
+    from edgetorch.exir.debug_handles import set_debug_handle
+
+    n_set = 0
+    for n in ep.graph.nodes:
+        h = float_handle(n) if n.op == "call_function" else None
+        if h is not None:
+            set_debug_handle(n, h)
+            n_set += 1
+    return n_set
 
 
 def _is_float_tensor(n: object) -> bool:

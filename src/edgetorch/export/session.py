@@ -455,7 +455,8 @@ class ExportSession:
                                      "ExportSession()") from e
 
     def _record_inputs_in_etrecord(self) -> None:
-        """Stores each method's first example input in the ETRecord as its representative input."""
+        """Stores each method's first example input in the ETRecord as its representative input, and the float
+        programs the QUANTIZE stage captured as ``graph_map["float/<method>"]``."""
         if not self._run_context["generate_etrecord"] or StageType.TO_EXECUTORCH not in self._stage_to_artifacts:
             return
         et = self.get_executorch_program_manager()
@@ -463,6 +464,9 @@ class ExportSession:
         inputs = {m: [s[0]] for m, s in self._example_inputs.items() if s and m in et.methods}
         if record is not None and inputs:
             record.update_representative_inputs(inputs)
+        floats = self._stage_to_artifacts[StageType.TO_EXECUTORCH].get_context("float_programs")
+        if record is not None and floats:  # the quantized program's float reference (quantization debugging)
+            record.add_float_reference({m: ep for m, ep in floats.items() if m in et.methods})
 
     # -- artifact_dir ------------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

@@ -240,20 +240,25 @@ class QuantizeStage(Stage):
             return
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+        from edgetorch.export.quantizer import capture_float_program
+
         models = _expect_modules(artifact.data, self.stage_type)
         shapes = artifact.get_context("dynamic_shapes") or {}
-        out = {}
+        out, floats = {}, {}
         for method, model in models.items():
             samples = _method_inputs(artifact, method, self.stage_type)
-            captured = torch.export.export(model, tuple(samples[0]), dynamic_shapes=shapes.get(method),
-                                           strict=self._strict).module()
-            prepared = prepare_pt2e(captured, quantizer)
+            # the float program, numeric debug handles on its ops: they survive prepare/convert, and the program
+            # travels in the ETRecord as graph_map["float/<method>"] (quantization debugging against float)
+            floats[method] = capture_float_program(model, samples[0], dynamic_shapes=shapes.get(method),
+                                                   strict=self._strict)
+            prepared = prepare_pt2e(floats[method].module(), quantizer)
             with torch.no_grad():
                 for sample in samples:
                     prepared(*sample)
             out[method] = _drop_unused_attributes(convert_pt2e(prepared))
             log.info("QUANTIZE(%s): calibrated on %d samples", method, len(samples))
         self._artifact = artifact.copy_with_new_data(out)
+        self._artifact.add_context("float_programs", floats)
 
 
 class TorchExportStage(Stage):

@@ -399,6 +399,19 @@ class ETRecord:
                     raise ETRecordError(f"graph_map already holds {key!r}")
                 self.graph_map[key] = ep
 
+    def add_float_reference(self, float_program: ExportedProgram | dict[str, ExportedProgram]) -> None:
+        """Records the float (pre-quantization) ATen program of each method under ``graph_map["float/<method>"]``
+        for quantization debugging (``Inspector.calculate_numeric_gap(reference_graph="float")``). Its op nodes
+        must carry the PT2E numeric debug handles the quantized program kept through prepare/convert
+        (``edgetorch.export.quantizer.capture_float_program``); they become the float graph's debug handles."""
+        from edgetorch.export.quantizer import float_handles_as_debug_handles
+
+        for m, ep in _edge_dict(float_program, "float_program").items():
+            if not float_handles_as_debug_handles(ep):
+                raise ETRecordError(f"float_program {m!r}: no node carries a numeric debug handle; capture it with "
+                                    "edgetorch.export.quantizer.capture_float_program before prepare_pt2e")
+            self.graph_map[f"float/{m}"] = ep
+
     def update_representative_inputs(self, representative_inputs: Any) -> None:
         """Accepts a tuple/list of inputs (one ``forward`` sample), a list of tuples (several ``forward``
         samples), ``{method: inputs}``, or a BundledProgram-like object (inputs of every test case)."""
