@@ -9,7 +9,6 @@ was recorded from a different program than the ETRecord describes.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import warnings
@@ -452,25 +451,11 @@ class Inspector:
         return None
 
     def find_culprits(self, df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
-        """Rows ranked by the error each op adds itself (``local_gap``), worst first. Exact (integer/bool) rows
-        with mismatching elements rank before every floating-point row; exact rows without any, after them."""
-        from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE
+        """The ops that add error beyond rounding noise, most specific row first, worst first (at most ``top``),
+        with evidence columns; empty on a program whose every op is within noise (``inspector.culprits``)."""
+        from edgetorch.devtools.inspector.culprits import find_culprits
 
-        worse = LARGER_IS_WORSE.get(df.attrs.get("distance", "MSE"), True)
-        exact = _exact_rows(df)
-
-        def key(i: Any) -> float:
-            v = df.at[i, "local_gap"]
-            g = v[0] if v and v[0] is not None else None
-            if g is None:
-                return float("nan")
-            if exact[i]:
-                return (math.inf if g > 0 else -math.inf) if worse else (-math.inf if g > 0 else math.inf)
-            return g
-
-        keys = pd.Series([key(i) for i in df.index], index=df.index, dtype=float)
-        order = keys.sort_values(ascending=not worse, na_position="last").index
-        return df.loc[order[:top]]
+        return find_culprits(df, top)
 
     def __repr__(self) -> str:
         return (f"Inspector(methods={self.methods}, blocks={len(self.event_blocks)}, "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from edgetorch.devtools.inspector.comparators import (
     is_exact_dtype,
     mismatch_count,
 )
+from edgetorch.devtools.inspector.noise import floor_from_units, noise_model_attrs, op_noise, rel_error, verdict
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 
 log = logging.getLogger(__name__)
@@ -191,6 +193,11 @@ class _JointWalk(torch.fx.Interpreter):
         self.exact: set[torch.fx.Node] = set()
         self.derived: set[int] = set()
         self.same: dict[int, bool] = {}  # handle -> the runtime value equals the reference bit for bit
+        #: handle -> {output index: runtime tensor} substituted for the reference op's outputs
+        self.assigned: dict[int, dict[int, torch.Tensor]] = {}
+        #: node -> rounding-noise units (``noise.op_noise`` at u=1) of the ops the runtime computed between the
+        #: last values it logged and this node (the ops a local comparison of this node re-runs)
+        self.carry: dict[torch.fx.Node, float] = {}
         # values later mutated in place (e.g. relu_ in a training-IR ATen graph) are recorded as copies
         self.mutated = _written_in_place(gm)
 
@@ -229,6 +236,8 @@ class _JointWalk(torch.fx.Interpreter):
         if n.op != "call_function":
             return out
         inputs = n.all_input_nodes
+        upstream = (self.carry.get(a, 0.0) for a in inputs if a not in self.exact)
+        self.carry[n] = op_noise(n, 1.0, self.fetch_args_kwargs_from_env(n)[0]) + max(upstream, default=0.0)
         differs = any(a in self.rt_env for a in inputs)
         local = self._run_on_runtime_values(n) if differs else out
         if (n.target is operator.getitem or _is_view(n)) and (h is None or h not in self.runtime):
@@ -248,19 +257,77 @@ class _JointWalk(torch.fx.Interpreter):
             return out
         self.outputs[h] = self._keep(n, out)
         self.local[h] = self._keep(n, local)
-        rt = self.runtime.get(h)
-        ref = _first_tensor(out)
-        if rt is not None and ref is not None and rt.numel() == ref.numel() and rt.dtype == ref.dtype:
-            sub = self._keep(n, rt.reshape(ref.shape))
-            self.exact.add(n)
-            self.same[h] = same = torch.equal(sub, ref)
-            if not same:
-                self.rt_env[n] = sub if isinstance(out, torch.Tensor) else type(out)([sub, *list(out)[1:]])
-            else:
-                self.rt_env.pop(n, None)
-        elif differs:
-            self.rt_env[n] = local
+        got = self.runtime.get(h)
+        assigned = _assign(got, out) if got is not None else {}
+        if not assigned:
+            if differs:
+                self.rt_env[n] = local
+            return out
+        self._substitute(n, h, out, local, assigned)
         return out
+
+    def _substitute(self, n: torch.fx.Node, h: int, out: Any, local: Any,
+                    assigned: dict[int, torch.Tensor]) -> None:
+        """Gives node ``n`` the runtime's values of the outputs it logged; an output it did not log takes the
+        op's value re-run on the runtime's inputs (its local value), so that the error upstream of it is not
+        charged to the ops downstream (a reference value there would make them look wrong)."""
+        multi = isinstance(out, (list, tuple))
+        outs = list(out) if multi else [out]
+        locs = list(local) if multi else [local]
+        vals = [self._keep(n, assigned[i].reshape(o.shape)) if i in assigned else locs[i]
+                for i, o in enumerate(outs)]
+        self.assigned[h] = {i: vals[i] for i in assigned}
+        if 0 in assigned:
+            self.same[h] = torch.equal(vals[0], outs[0])
+        if all(i in assigned for i, o in enumerate(outs) if isinstance(o, torch.Tensor)):
+            self.exact.add(n)
+        if all(v is o or (isinstance(v, torch.Tensor) and torch.equal(v, o)) for v, o in zip(vals, outs)):
+            self.rt_env.pop(n, None)
+        else:
+            self.rt_env[n] = type(out)(vals) if multi else vals[0]
+
+
+def _fits(t: Any, like: Any) -> bool:
+    return (isinstance(t, torch.Tensor) and isinstance(like, torch.Tensor) and t.dtype == like.dtype
+            and t.numel() == like.numel())
+
+
+def _assign(got: dict[int, torch.Tensor] | list[torch.Tensor], out: Any) -> dict[int, torch.Tensor]:
+    """Which output of a reference op each runtime tensor is: ``got`` is either known positions (output index
+    -> tensor) or a list of tensors in unknown order (a delegate that logs a multi-output op's outputs, maybe
+    only some of them). A list as long as the op's tensor outputs that fits position by position is taken in
+    order; otherwise each runtime tensor goes to the closest unassigned output of its dtype and size."""
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if isinstance(got, dict):
+        return {i: t for i, t in got.items() if i < len(outs) and _fits(t, outs[i])}
+    tensor_idx = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor)]
+    if len(got) == len(tensor_idx) and all(_fits(t, outs[i]) for t, i in zip(got, tensor_idx)):
+        if len(got) == 1 or _positional_is_closest(got, outs, tensor_idx):
+            return dict(zip(tensor_idx, got))
+    assigned: dict[int, torch.Tensor] = {}
+    for t in got:
+        free = [i for i in tensor_idx if i not in assigned and _fits(t, outs[i])]
+        if not free:
+            continue
+        best = min(free, key=lambda i: _distance(outs[i], t)) if len(free) > 1 else free[0]
+        assigned[best] = t
+    return assigned
+
+
+def _distance(ref: torch.Tensor, t: torch.Tensor) -> float:
+    if not ref.dtype.is_floating_point:
+        return float(mismatch_count(ref, t))
+    d = rel_error(ref, t)
+    return math.inf if d is None or math.isnan(d) else d
+
+
+def _positional_is_closest(got: list[torch.Tensor], outs: list[Any], idx: list[int]) -> bool:
+    """A positional pairing is trusted unless some runtime tensor is closer to another output than to its own."""
+    for t, i in zip(got, idx):
+        own = _distance(outs[i], t)
+        if any(_fits(t, outs[j]) and _distance(outs[j], t) < own for j in idx if j != i):
+            return False
+    return True
 
 
 def reference_handles(gm: torch.fx.GraphModule) -> tuple[dict[int, torch.fx.Node], dict[int, list[torch.fx.Node]]]:
@@ -341,6 +408,46 @@ def _module_path(node: torch.fx.Node) -> str:
     return str(path)
 
 
+#: scale-aware columns of the gap table (see ``inspector.noise``)
+SCALE_COLUMNS = ["rel_error", "local_rel_error", "noise_floor", "verdict"]
+
+
+def _delegated(e: RuntimeEntry) -> bool:
+    return e.is_delegate_call or e.in_delegate_call is not None or e.delegate_backend is not None
+
+
+def _scale_columns(ref: torch.Tensor, rt: torch.Tensor, lref: torch.Tensor | None, metric: str,
+                   mismatches: int | None, lgap: float | None, units: float, delegated: bool) -> dict[str, Any]:
+    """rel_error, local_rel_error, noise_floor and verdict of one row."""
+    exact_row = metric == EXACT_METRIC
+    rel = None if exact_row else rel_error(ref, rt)
+    lrel = None if exact_row or lref is None else (rel if lref is ref else rel_error(lref, rt))
+    floor = None if exact_row else floor_from_units(units, ref.dtype, delegated)
+    return {"rel_error": rel, "local_rel_error": lrel, "noise_floor": floor,
+            "verdict": verdict(lrel, floor, exact_row, lgap if lgap is not None else mismatches, rel)}
+
+
+def _runtime_values(e: RuntimeEntry, h: int, index: int | None, want: Any
+                    ) -> dict[int, torch.Tensor] | list[torch.Tensor] | None:
+    """The runtime values entry ``e`` gives for the outputs of reference op ``h`` (whose value is ``want``, a
+    fake tensor or a list of them): known positions for a kernel or a delegate call whose output sources are
+    recorded, or the entry's tensors in unknown order for a multi-output op logged inside a delegate."""
+    if e.is_delegate_call and e.output_sources and len(e.output_sources) == len(e.tensors):
+        known = {src[1]: e.tensors[i] for i, src in enumerate(e.output_sources)
+                 if src is not None and src[0] == h}
+        if known:
+            return known
+    multi = isinstance(want, (list, tuple)) and sum(isinstance(w, torch.Tensor) for w in want) > 1
+    if multi and not e.is_delegate_call:
+        return list(e.tensors) if (e.in_delegate_call is not None or len(e.tensors) != len(want)) else dict(
+            enumerate(e.tensors))
+    first = _first_tensor(want)
+    if first is None:
+        return None
+    val = _runtime_tensor(e, index, first)
+    return {0: val} if isinstance(val, torch.Tensor) else None
+
+
 def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries: list[RuntimeEntry],
                         comparator: NumericalComparatorBase, view_only: set[int] | None = None,
                         delegated_without_inner: set[int] | None = None, local: bool = True,
@@ -353,7 +460,8 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
     # the reference tensor each runtime entry is compared with: the output of its group's last op. Entries
     # are resolved against the reference's output *shapes*, known from node metadata or a first walk.
     cov = Coverage(runtime_total=len(entries), aot_total=len(last))
-    runtime: dict[int, torch.Tensor] = {}
+    runtime: dict[int, dict[int, torch.Tensor] | list[torch.Tensor]] = {}
+    provider: dict[int, RuntimeEntry] = {}  # handle -> the entry whose values were substituted
     picked: list[tuple[RuntimeEntry, int, int | None]] = []
     for e in entries:
         res = _resolve(e, last, order)
@@ -367,10 +475,10 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
             for e, h, index in picked:
                 if e.is_delegate_call and h in runtime:
                     continue
-                want = _first_tensor(last[h].meta.get("val"))
-                val = _runtime_tensor(e, index, want) if want is not None else None
-                if isinstance(val, torch.Tensor):
-                    runtime[h] = val
+                vals = _runtime_values(e, h, index, last[h].meta.get("val"))
+                if vals:
+                    runtime[h] = vals
+                    provider[h] = e
         walk = _JointWalk(reference, last, runtime if local else None)
         after: dict[str, torch.Tensor] | None = {} if capture is not None else None
         with _restored_state(reference, walk.mutated, after):
@@ -385,6 +493,9 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
             cov.unmatched.append(_unmatched(e, "the reference op of this group produced no tensor"))
             continue
         rt = _runtime_tensor(e, index, ref)
+        mine = walk.assigned.get(h, {}).get(0) if provider.get(h) is e else None
+        if isinstance(rt, str) and mine is not None:
+            rt = mine  # a multi-output op whose outputs the walk paired one by one
         if isinstance(rt, str):
             cov.unmatched.append(_unmatched(e, rt))
             continue
@@ -404,7 +515,9 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
         group = [x for x in e.handles if x in last]
         covered.update(group)
         aot_names = [n.name for x in sorted(group, key=order.__getitem__) for n in nodes.get(x, [])]
-        same = walk.same.get(h) if (e.instruction_id >= 0 and rt is runtime.get(h)) else None
+        mine = walk.assigned.get(h, {}).get(0) if provider.get(h) is e else None
+        same = walk.same.get(h) if (e.instruction_id >= 0 and mine is not None
+                                    and mine.data_ptr() == rt.data_ptr()) else None
         gap, metric, mismatches = compare_values(comparator, ref, rt, identical=bool(same))
         lref = _first_tensor(local_ref.get(h)) if local_ref else None
         if lref is None or lref.numel() != rt.numel() or lref.dtype != rt.dtype:
@@ -414,6 +527,8 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
         else:
             lgap = compare_values(comparator, lref, rt)[0]
         node = last[h]
+        scale = _scale_columns(ref, rt, lref if lgap is not None else None, metric, mismatches, lgap,
+                               walk.carry.get(node, 0.0), _delegated(e))
         rows.append({
             "aot_debug_handle": tuple(sorted(group, key=order.__getitem__)),
             "aot_ops": aot_names,
@@ -433,6 +548,8 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
             "delegate": e.delegate_backend,
             "in_delegate_call": e.in_delegate_call,
             "shape": tuple(ref.shape),
+            "ref_handle": h,
+            **scale,
         })
     cov.aot_matched = len(covered)
     view_only = view_only or set()
@@ -450,10 +567,14 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
                               "instruction_id": None, "reason": reason})
     columns = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_ops", "runtime_debug_handle",
                "runtime_intermediate_output", "gap", "local_gap", "metric", "mismatches", "dtype", "stacktraces",
-               "source", "module", "instruction_id", "delegate", "in_delegate_call", "shape"]
+               "source", "module", "instruction_id", "delegate", "in_delegate_call", "shape", "ref_handle",
+               *SCALE_COLUMNS]
     df = pd.DataFrame(rows, columns=columns)
     df["mismatches"] = pd.Series([r["mismatches"] for r in rows], index=df.index, dtype=object)  # int | None
     df.attrs["coverage"] = cov
+    for c in SCALE_COLUMNS[:3]:
+        df[c] = pd.Series([r[c] for r in rows], index=df.index, dtype=object)  # float | None
     df.attrs["exact_metric"] = EXACT_METRIC
+    df.attrs["noise_model"] = noise_model_attrs()
     log.info("numeric gap: %s", cov.summary())
     return df, cov

@@ -1,0 +1,108 @@
+"""Culprits: the ops that *add* error beyond rounding noise, ranked, with their evidence.
+
+A row is a culprit when its local error (the op re-run by the reference on the runtime's own inputs, compared
+with the runtime's output) is beyond what rounding in its dtype explains (``verdict == "real"``, see
+``inspector.noise``), or, for an integer/bool row, when any element differs locally. A program whose every op
+is within noise has no culprit: the result is empty.
+
+Most specific row first. A ``DELEGATE_CALL`` row whose compared output is also logged by an op inside the
+delegate (an inner row of the same call comparing the same reference op) is the same tensor seen from outside:
+the inner row names the op, so the delegate row is not a separate culprit.
+
+Ranking. Exact rows with mismatching elements first (an integer off by one is as wrong as it gets), then
+floating-point rows by ``noise_ratio`` = ``local_rel_error / noise_floor`` (how many times the op's error
+exceeds what its dtype and reduction length explain), then by ``local_rel_error``. Evidence columns: every
+column of the gap table (``gap``/``local_gap``: accumulated vs local in the chosen metric; ``rel_error`` /
+``local_rel_error``; ``delegate`` / ``in_delegate_call``; ``source``; ``module``) plus ``noise_ratio`` and
+``accumulated_rank`` (the row's rank when sorting by accumulated gap, the reference tool's way; 1 = first).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from edgetorch.devtools.inspector.comparators import EXACT_METRIC, LARGER_IS_WORSE
+from edgetorch.errors import InspectorError
+
+#: columns the culprit search needs (``calculate_numeric_gap`` writes them)
+NEEDED = ("gap", "local_gap", "metric", "local_rel_error", "noise_floor", "runtime_ops", "instruction_id",
+          "in_delegate_call", "ref_handle")
+
+
+def _first(v: Any) -> float | None:
+    if isinstance(v, (list, tuple)):
+        v = v[0] if v else None
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def _opt(v: Any) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def is_real(metric: str, local_gap: Any, gap: Any, local_rel: Any, rel: Any, floor: Any) -> bool:
+    """Whether one row adds error beyond noise: exact rows with a mismatch (local, else accumulated), float
+    rows whose local relative error (else accumulated) exceeds the noise floor."""
+    if metric == EXACT_METRIC:
+        g = _first(local_gap)
+        g = _first(gap) if g is None else g
+        return bool(g)
+    err = _opt(local_rel)
+    err = _opt(rel) if err is None else err
+    if not err:
+        return False
+    f = _opt(floor)
+    return f is None or err > f
+
+
+def _explained_delegate_rows(df: pd.DataFrame) -> set[Any]:
+    """DELEGATE_CALL rows whose compared reference op is also compared by an inner row of the same call."""
+    inner: set[tuple[Any, Any]] = set()
+    for call, h in zip(df["in_delegate_call"], df["ref_handle"]):
+        if call is not None and not (isinstance(call, float) and math.isnan(call)):
+            inner.add((int(call), h))
+    return {i for i, ops, iid, h in zip(df.index, df["runtime_ops"], df["instruction_id"], df["ref_handle"])
+            if list(ops) == ["DELEGATE_CALL"] and (int(iid), h) in inner}
+
+
+def accumulated_ranks(df: pd.DataFrame) -> pd.Series:
+    """Rank of each row when sorted by accumulated gap, worst first (the reference's way; 1 = first)."""
+    worse = LARGER_IS_WORSE.get(df.attrs.get("distance", "MSE"), True)
+    keys = pd.Series([_first(g) for g in df["gap"]], index=df.index, dtype=float)
+    return keys.rank(ascending=not worse, method="first", na_option="bottom").astype(int)
+
+
+def find_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """The rows that add error beyond noise, most specific, worst first (at most ``top``); empty when every op
+    is within noise. See the module docstring for the ranking and the evidence columns."""
+    if not isinstance(top, int) or top < 0:
+        raise InspectorError(f"find_culprits: top must be a non-negative int, got {top!r}")
+    missing = [c for c in NEEDED if c not in df.columns]
+    if missing:
+        raise InspectorError(f"find_culprits: df lacks the columns {missing}; pass the DataFrame "
+                             "calculate_numeric_gap returned")
+    out = df.copy()
+    if out.empty:
+        return out.assign(noise_ratio=pd.Series(dtype=float), accumulated_rank=pd.Series(dtype=int))
+    out["accumulated_rank"] = accumulated_ranks(df)
+    ratio = []
+    for lrel, rel, floor in zip(df["local_rel_error"], df["rel_error"], df["noise_floor"]):
+        err = _opt(lrel) if _opt(lrel) is not None else _opt(rel)
+        f = _opt(floor)
+        ratio.append(math.inf if err and not f else (err or 0.0) / f if f else 0.0)
+    out["noise_ratio"] = ratio
+    real = [is_real(*a) for a in zip(df["metric"], df["local_gap"], df["gap"], df["local_rel_error"],
+                                      df["rel_error"], df["noise_floor"])]
+    explained = _explained_delegate_rows(df)
+    keep = [i for i, r in zip(df.index, real) if r and i not in explained]
+    out = out.loc[keep]
+
+    def key(i: Any) -> tuple:
+        exact = out.at[i, "metric"] == EXACT_METRIC
+        lrel = _opt(out.at[i, "local_rel_error"]) or 0.0
+        return (0 if exact else 1, -out.at[i, "noise_ratio"], -lrel, i)
+
+    order = sorted(out.index, key=key)
+    return out.loc[order[:top]]
