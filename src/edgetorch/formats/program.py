@@ -14,6 +14,7 @@ then optionally every index, offset and size (``check_consistency``).
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import flatbuffers
 from edgetorch.formats import symexpr
 from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import program_generated as fb
-from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE
+from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, storage_nbytes
 from edgetorch.formats.errors import ProgramFormatError
 
 MAGIC = b"EDGTPROG"
@@ -754,6 +755,94 @@ def _check_symbols(p: PlanDef, fail: Callable[[str, str], None]) -> None:
                  "has no such dim", fld)
 
 
+MAX_TENSOR_BYTES = 1 << 44  # no dim, stride or extent of a sane tensor comes near this (16 TiB)
+
+
+def _check_extent(p: PlanDef, k: int, v: TensorDef, program: ProgramDef, fail: Callable[[str, str], None]) -> None:
+    """The elements ``sizes``/``strides``/``storage_offset`` address lie inside the bytes the tensor owns
+    (its arena slot or its constant), so that no view made from them reads or writes outside."""
+    fld = f"{p.name}.values[{k}]"
+    itemsize = PLAIN_CODE_TO_DTYPE[v.scalar_type].itemsize
+    if v.storage_offset < 0 or any(st < 0 for st in v.strides):
+        fail(f"method '{p.name}': tensor value {k} has a negative stride or storage offset", fld + ".strides")
+    if any(x > MAX_TENSOR_BYTES for x in (*v.sizes, *v.strides, v.storage_offset, v.nbytes)):
+        fail(f"method '{p.name}': tensor value {k} has an implausible size, stride, offset or byte count",
+             fld + ".sizes")
+    extent = storage_nbytes(v.sizes, v.strides, v.storage_offset, itemsize)
+    if v.placement == PLACEMENT_PLANNED:
+        if v.arena_offset % ALIGNMENT and v.nbytes:
+            fail(f"method '{p.name}': tensor value {k} starts at arena byte {v.arena_offset}, not a multiple of "
+                 f"{ALIGNMENT}", fld + ".arena_offset")
+        if extent > v.nbytes:
+            fail(f"method '{p.name}': tensor value {k} (sizes {list(v.sizes)}, strides {list(v.strides)}, offset "
+                 f"{v.storage_offset}) spans {extent} bytes but its arena slot has {v.nbytes}", fld + ".nbytes")
+        if _overlaps(v.sizes, v.strides):
+            fail(f"method '{p.name}': planned tensor value {k} (sizes {list(v.sizes)}, strides {list(v.strides)}) "
+                 "has elements sharing memory; kernels cannot write it", fld + ".strides")
+    elif v.placement == PLACEMENT_CONSTANT and 0 <= v.constant_index < len(program.constants):
+        size = program.constants[v.constant_index][1]
+        if extent > v.nbytes:
+            fail(f"method '{p.name}': tensor value {k} (sizes {list(v.sizes)}, strides {list(v.strides)}, offset "
+                 f"{v.storage_offset}) spans {extent} bytes but records {v.nbytes}", fld + ".nbytes")
+        if extent > size:
+            fail(f"method '{p.name}': tensor value {k} (sizes {list(v.sizes)}, strides {list(v.strides)}, offset "
+                 f"{v.storage_offset}) spans {extent} bytes but constant {v.constant_index} has {size}",
+                 fld + ".sizes")
+
+
+def _overlaps(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when two elements of the layout share an address (a planned tensor is written, so it must not)."""
+    need = 1
+    for st, n in sorted((st, n) for n, st in zip(sizes, strides) if n > 1):
+        if st < need:
+            return True
+        need = st * n
+    return False
+
+
+def _check_arena(p: PlanDef, fail: Callable[[str, str], None]) -> None:
+    """The arena is no larger than its planned tensors need (a corrupted size would allocate without bound)."""
+    end = 0
+    for v in p.values:
+        if isinstance(v, TensorDef) and v.placement == PLACEMENT_PLANNED and v.nbytes:
+            end = max(end, v.arena_offset + v.nbytes)
+    if p.arena_size < 0 or p.arena_size > align(end):
+        fail(f"method '{p.name}': arena_size {p.arena_size} does not match its planned tensors (which end at "
+             f"byte {end})", f"{p.name}.arena_size")
+    if not 0 <= p.debug_buffer_bytes <= MAX_TENSOR_BYTES:
+        fail(f"method '{p.name}': debug_buffer_bytes {p.debug_buffer_bytes} is implausible",
+             f"{p.name}.debug_buffer_bytes")
+
+
+MAX_SPEC_NODES = 1 << 16
+
+
+def check_spec(text: str, fld: str) -> None:
+    """An ``input_spec``/``output_spec``: empty, or ``treespec_dumps`` JSON ``[protocol, node]`` whose every node
+    is ``{"type": str | null, "context": str | null, "children_spec": [node, ...]}``."""
+    if not text:
+        return
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ProgramFormatError(f"{fld} is not valid JSON ({type(e).__name__})", field=fld) from None
+    if not (isinstance(doc, list) and len(doc) == 2 and isinstance(doc[0], int) and isinstance(doc[1], dict)):
+        raise ProgramFormatError(f"{fld} is not a [protocol, tree] pair", field=fld)
+    stack, count = [doc[1]], 0
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_SPEC_NODES:
+            raise ProgramFormatError(f"{fld} has more than {MAX_SPEC_NODES} nodes", field=fld)
+        ok = isinstance(node, dict) and set(node) >= {"type", "context", "children_spec"} \
+            and isinstance(node["children_spec"], list) \
+            and all(node[k] is None or isinstance(node[k], str) for k in ("type", "context"))
+        if not ok:
+            raise ProgramFormatError(f"{fld} has a malformed node (type, context and children_spec are required)",
+                                     field=fld)
+        stack.extend(node["children_spec"])
+
+
 def check_consistency(program: ProgramDef, segment_size: int) -> None:
     """Checks every index, offset and size against its bounds (``Verification.InternalConsistency``)."""
 
@@ -792,6 +881,7 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
                          f"{p.name}.values[{k}]")
                 if any(s < 0 for s in v.sizes) or v.nbytes < 0:
                     fail(f"{where}: tensor value {k} has a negative size", f"{p.name}.values[{k}]")
+                _check_extent(p, k, v, program, fail)
                 if v.placement == PLACEMENT_PLANNED:
                     if v.arena_offset < 0 or v.arena_offset + v.nbytes > p.arena_size:
                         fail(f"{where}: tensor value {k} spans arena bytes [{v.arena_offset}, "
@@ -819,6 +909,9 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
             elif isinstance(v, SymIntListV):
                 symexpr.parse_expr_list(v.exprs, len(p.symbols), f"{p.name}.values[{k}]")
         _check_symbols(p, fail)
+        _check_arena(p, fail)
+        check_spec(p.input_spec, f"{p.name}.input_spec")
+        check_spec(p.output_spec, f"{p.name}.output_spec")
         for j, mb in enumerate(p.mutable_buffers):
             if not 0 <= mb.constant_index < len(program.constants):
                 fail(f"{where}: mutable buffer '{mb.name}' refers to constant {mb.constant_index}, but the program "

@@ -109,7 +109,7 @@ class Method:
         self.name = plan.name
         loaded = program._loaded
         self._lock = threading.RLock()
-        self._arena = torch.empty(plan.arena_size, dtype=torch.uint8)
+        self._arena = _allocate_arena(plan)
         self._arena_views: dict[torch.dtype, torch.Tensor] = {}
         self._slots: list[Any] = [None] * len(plan.values)
         self._shapes = ShapeBinder(plan, self.name) if plan.symbols else None
@@ -163,7 +163,7 @@ class Method:
                 off, size = loaded.program.constants[v.constant_index]
                 if v.nbytes == 0:
                     return torch.empty_strided(v.sizes, v.strides, dtype=dtype)
-                raw = torch.frombuffer(loaded.buffer, dtype=torch.uint8, count=size,
+                raw = torch.frombuffer(loaded.buffer, dtype=torch.uint8, count=size - size % dtype.itemsize,
                                        offset=loaded.segment_base + off)
                 return torch.as_strided(raw.view(dtype), v.sizes, v.strides, v.storage_offset)
             return None  # ALIAS / DYNAMIC: produced by an instruction
@@ -476,6 +476,14 @@ class Method:
     def __repr__(self) -> str:
         return (f"Method({self.name!r}, inputs={self._meta.input_names}, instructions={len(self._calls)}, "
                 f"arena={self._plan.arena_size} bytes)")
+
+
+def _allocate_arena(plan: pf.PlanDef) -> torch.Tensor:
+    try:
+        return torch.empty(plan.arena_size, dtype=torch.uint8)
+    except (RuntimeError, MemoryError) as e:  # a size the verifier accepted (Minimal) but memory cannot hold
+        raise ProgramFormatError(f"method '{plan.name}': cannot allocate its {plan.arena_size}-byte arena ({e})",
+                                 field=f"{plan.name}.arena_size") from None
 
 
 def _sym_sizes(v: pf.TensorDef) -> list:
