@@ -1,10 +1,8 @@
-"""A one-file HTML report: numeric gaps along the graph (picture + sortable table) and the op profile.
+"""The report's charts, inline SVG: gaps along execution order, the op profile, the final-output gap per
+execution (generation steps) and per sample (multi-sample gap tables).
 
-Integer and bool rows are compared exactly (``metric`` ``MISMATCH_FRACTION``, with their ``mismatches``
-count): the table shows them with their metric, the chart leaves them out, and any mismatch marks them.
-
-No external assets: charts are inline SVG, sorting is a few lines of inline JavaScript, so the file can be
-mailed or attached to a bug report as is.
+Integer and bool rows are compared exactly (``metric`` ``MISMATCH_FRACTION``): the gap chart leaves them out.
+Every chart scales down to the page width (``class="chart"``: CSS ``max-width:100%``).
 """
 
 from __future__ import annotations
@@ -12,34 +10,12 @@ from __future__ import annotations
 import html
 import math
 import os
+import re
 from typing import Any
 
 import pandas as pd
 
-from edgetorch._fileio import atomic_write
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1c1c1c;max-width:1400px}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px}
-table{border-collapse:collapse;font-size:12px;width:100%}
-th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
-th{background:#f3f3f3;cursor:pointer;position:sticky;top:0}
-tr.hot td{background:#fde8e8}tr.first td{background:#fff3cd}
-.num{text-align:right;font-variant-numeric:tabular-nums}
-.summary td{border:none;padding:2px 12px 2px 0;font-size:13px}
-details{font-size:11px}pre{white-space:pre-wrap;margin:2px 0}
-.legend span{display:inline-block;margin-right:14px;font-size:12px}
-.sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
-p.warn{background:#fff3cd;padding:6px;border-left:4px solid #e0a800}
-"""
-
-_JS = """
-document.querySelectorAll('table.sortable th').forEach((th,i)=>th.addEventListener('click',()=>{
- const t=th.closest('table'),b=t.tBodies[0],rows=[...b.rows],asc=th.dataset.asc!=='1';th.dataset.asc=asc?'1':'0';
- rows.sort((x,y)=>{const a=x.cells[i].dataset.v??x.cells[i].innerText,c=y.cells[i].dataset.v??y.cells[i].innerText;
-  const na=parseFloat(a),nc=parseFloat(c);const r=(!isNaN(na)&&!isNaN(nc))?na-nc:a.localeCompare(c);return asc?r:-r});
- rows.forEach(r=>b.appendChild(r));}));
-"""
+_STAT = re.compile(r"^(?P<base>.+?)_(?P<stat>mean|max|p99)$")
 
 
 def _e(x: Any) -> str:
@@ -63,7 +39,7 @@ def _fmt(v: float | None) -> str:
         return ""
     if math.isinf(v) or math.isnan(v):
         return str(v)
-    return f"{v:.3e}" if (v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4)) else f"{v:.4g}"
+    return "0" if v == 0 else f"{v:.3e}"
 
 
 def _short_source(src: str) -> str:
@@ -102,7 +78,8 @@ def gap_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 300) -> str
         y = pad_t + h - h * (math.log10(g) - lo) / (hi - lo) if g > 0 else pad_t + h
         return x, y
 
-    parts = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" role="img">']
+    parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" role="img">']
     for k in range(math.floor(lo), math.ceil(hi) + 1):
         if lo <= k <= hi:
             y = pad_t + h - h * (k - lo) / (hi - lo)
@@ -151,7 +128,8 @@ def profile_chart_svg(profile: pd.DataFrame, top: int = 20, width: int = 900) ->
     vmax = float(rows[col].max()) or 1.0
     bar_h, label_w = 16, 330
     height = bar_h * len(rows) + 10
-    parts = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">']
+    parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg">']
     for i, (_, r) in enumerate(rows.iterrows()):
         y = 5 + i * bar_h
         bw = (width - label_w - 90) * float(r[col]) / vmax
@@ -181,8 +159,8 @@ def generation_chart_svg(gen: pd.DataFrame, width: int = 900, height: int = 220)
     step = (width - pad_l - 10) / max(len(vals), 1)
     colours = ["#1971c2", "#c92a2a", "#2b8a3e", "#e67700", "#862e9c"]
     methods = list(dict.fromkeys(gen["method"]))
-    parts = [f'<svg class="generation" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
-             'role="img">']
+    parts = [f'<svg class="generation" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" role="img">']
     for k in range(math.ceil(lo), math.floor(hi) + 1):
         y = _bar_y(10.0 ** k, lo, hi, pad_t, h)
         parts.append(f'<line x1="{pad_l}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
@@ -202,93 +180,61 @@ def generation_chart_svg(gen: pd.DataFrame, width: int = 900, height: int = 220)
     return f'<div class="legend">{legend}</div>' + "".join(parts)
 
 
-def _generation_section(gen: pd.DataFrame) -> str:
-    distance = gen.attrs.get("distance", "gap")
-    out = [f"<h2>Final-output gap ({_e(distance)}) per execution</h2>", generation_chart_svg(gen),
-           "<table class='sortable generation'><thead><tr><th>execution</th><th>method</th><th>run</th>"
-           "<th>output gap</th><th>worst local gap</th><th>worst op</th></tr></thead><tbody>"]
-    for _, r in gen.iterrows():
-        g, w = _val(r["output_gap"]), _val(r["worst_local_gap"])
-        out.append(f"<tr><td class='num'>{r['execution']}</td><td>{_e(r['method'])}</td>"
-                   f"<td class='num'>{r['run']}</td><td class='num' data-v='{g if g is not None else ''}'>{_fmt(g)}"
-                   f"</td><td class='num' data-v='{w if w is not None else ''}'>{_fmt(w)}</td>"
-                   f"<td>{_e(', '.join(map(str, r['worst_op'] or [])))}</td></tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
 
 
-def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_df: pd.DataFrame | None = None,
-                 title: str = "edgetorch numerical debugging report", summary: dict[str, Any] | None = None,
-                 threshold: float | None = None, generation_df: pd.DataFrame | None = None) -> str:
-    """Writes the HTML report atomically; returns the path. ``generation_df`` (``Inspector.generation_gaps()``)
-    adds the final-output gap per execution (chart and table) when it has more than one execution."""
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
-           f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>"]
-    if summary:
-        out.append("<table class='summary'>")
-        for k, v in summary.items():
-            out.append(f"<tr><td><b>{_e(k)}</b></td><td>{_e(v)}</td></tr>")
-        out.append("</table>")
-    if generation_df is not None and len(generation_df) > 1:
-        out.append(_generation_section(generation_df))
-    if gap_df is not None:
-        distance = gap_df.attrs.get("distance", "gap")
-        out.append(f"<h2>Numeric gap ({_e(distance)}) along the graph</h2>")
-        out.append(gap_chart_svg(gap_df))
-        first = None
-        exact = _exact(gap_df)
-        if threshold is not None:
-            for i, g in enumerate(gap_df["gap"]):
-                v = _val(g)
-                if v is not None and (v > 0 if exact[i] else v > threshold):
-                    first = i
-                    break
-        cov = gap_df.attrs.get("coverage")
-        if cov is not None:
-            out.append(f"<p>{_e(cov.summary())}</p>")
-        effect = gap_df.attrs.get("observer_effect")
-        if effect is not None:
-            from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
+def stat_columns(df: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """Multi-sample statistics columns of a gap table, ``{base column: {"mean"|"max"|"p99": column}}``
+    (``local_rel_error_mean``, ``gap_p99``, ...)."""
+    out: dict[str, dict[str, str]] = {}
+    for c in df.columns:
+        m = _STAT.match(str(c))
+        if m:
+            out.setdefault(m["base"], {})[m["stat"]] = str(c)
+    return out
 
-            changed = effect > OBSERVER_EFFECT_TOLERANCE
-            note = ("exposing the delegate's intermediates changed its final outputs: rows inside the delegate "
-                    "show the observed (differently fused) computation" if changed else
-                    "exposing the delegate's intermediates left its final outputs within the tolerance")
-            out.append(f"<p class='{'warn' if changed else ''}'><b>Observer effect</b>: {effect:.3g} relative "
-                       f"(tolerance {OBSERVER_EFFECT_TOLERANCE:g}); {_e(note)}.</p>")
-        out.append("<h2>Per-op gaps</h2><table class='sortable'><thead><tr>")
-        cols = ["#", "aot_ops", "runtime_ops", "gap", "local_gap", "metric", "mismatches", "dtype", "shape",
-                "delegate", "module", "source", "stack trace"]
-        out.append("".join(f"<th>{c}</th>" for c in cols) + "</tr></thead><tbody>")
-        worst = max((_val(g) or 0.0 for g, x in zip(gap_df["gap"], exact, strict=True) if not x), default=0.0)
-        for i, row in gap_df.reset_index(drop=True).iterrows():
-            g, lg = _val(row["gap"]), _val(row.get("local_gap"))
-            hot = (g or 0) > 0 if exact[i] else bool(worst and g and g >= 0.5 * worst)
-            cls = "first" if first == i else ("hot" if hot else "")
-            mism = row.get("mismatches")
-            traces = "".join(f"<pre>{_e(k)}:\n{_e(v)}</pre>" for k, v in (row["stacktraces"] or {}).items() if v)
-            out.append(
-                f"<tr class='{cls}'><td class='num'>{i}</td><td>{_e(', '.join(map(str, row['aot_ops'])))}</td>"
-                f"<td>{_e(', '.join(map(str, row['runtime_ops'])))}</td>"
-                f"<td class='num' data-v='{g if g is not None else ''}'>{_fmt(g)}</td>"
-                f"<td class='num' data-v='{lg if lg is not None else ''}'>{_fmt(lg)}</td>"
-                f"<td>{_e(row.get('metric') or '')}</td>"
-                f"<td class='num'>{'' if mism is None or mism != mism else int(mism)}</td>"
-                f"<td>{_e(row.get('dtype') or '')}</td><td>{_e(row.get('shape', ''))}</td>"
-                f"<td>{_e(row.get('delegate') or '')}</td>"
-                f"<td>{_e(row.get('module', ''))}</td><td>{_e(_short_source(row.get('source', '')))}</td>"
-                f"<td><details><summary>show</summary>{traces}</details></td></tr>")
-        out.append("</tbody></table>")
-        if cov is not None and cov.unmatched:
-            out.append("<h2>Not compared</h2><table class='sortable'><thead><tr><th>side</th><th>ops</th>"
-                       "<th>handles</th><th>reason</th></tr></thead><tbody>")
-            for u in cov.unmatched:
-                out.append(f"<tr><td>{_e(u['side'])}</td><td>{_e(', '.join(map(str, u['ops'])))}</td>"
-                           f"<td>{_e(u['handles'])}</td><td>{_e(u['reason'])}</td></tr>")
-            out.append("</tbody></table>")
-    if profile_df is not None and not profile_df.empty:
-        out.append("<h2>Profile: slowest ops (median)</h2>")
-        out.append(profile_chart_svg(profile_df))
-    out.append(f"<script>{_JS}</script></body></html>")
-    atomic_write(path, ["".join(out).encode("utf-8")])
-    return os.fspath(path)
+
+def samples_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 240) -> str:
+    """Per op (execution order), the spread of its error over the samples of a multi-sample gap table: mean
+    and p99/max of the preferred statistic (local relative error first), log scale. "" without such columns."""
+    stats = stat_columns(df)
+    base = next((b for b in ("local_rel_error", "rel_error", "local_gap", "gap") if b in stats), None)
+    if base is None or not len(df):
+        return ""
+    series = [(k, c, [_val(v) for v in df[stats[base][k]]]) for k, c in
+              (("max", "#c92a2a"), ("p99", "#e67700"), ("mean", "#1971c2")) if k in stats[base]]
+    pos = [v for _, _, vals in series for v in vals if v is not None and v > 0 and math.isfinite(v)]
+    if not pos:
+        return f"<p>{_e(base)} is 0 on every sample.</p>"
+    lo, hi = math.log10(min(pos)), math.log10(max(pos))
+    lo, hi = (lo - 0.5, hi + 0.5) if hi - lo < 1 else (lo, hi)
+    pad_l, pad_t, h = 60, 10, height - 46
+    step = (width - pad_l - 10) / max(len(df) - 1, 1)
+    parts = [f'<svg class="chart samples" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" role="img">']
+    for k in range(math.ceil(lo), math.floor(hi) + 1):
+        y = _bar_y(10.0 ** k, lo, hi, pad_t, h)
+        parts.append(f'<line x1="{pad_l}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                     f'<text x="{pad_l - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">1e{k}</text>')
+    for _k, colour, vals in series:
+        pts = [f"{pad_l + i * step:.1f},{_bar_y(max(v, 10.0 ** lo), lo, hi, pad_t, h):.1f}"
+               for i, v in enumerate(vals) if v is not None and v > 0 and math.isfinite(v)]
+        if pts:
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.2" points="{" ".join(pts)}"/>')
+    parts.append(f'<text x="{pad_l}" y="{height - 4}" font-size="11">op (execution order) →</text></svg>')
+    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{_e(base)} {k} over the samples</span>'
+                     for k, c, _ in series)
+    return f'<div class="legend">{legend}</div>' + "".join(parts)
+
+
+def per_sample_chart_svg(samples: pd.DataFrame, width: int = 900, height: int = 220) -> str:
+    """One bar per sample of ``df.attrs["samples"]`` (a frame with a numeric column, e.g. the final-output
+    gap of each sample), log scale. "" when there is nothing numeric to draw."""
+    num = [c for c in samples.columns if pd.api.types.is_numeric_dtype(samples[c]) and c != "sample"]
+    if not num or not len(samples):
+        return ""
+    col = next((c for c in num if "output" in str(c)), num[-1])
+    gen = pd.DataFrame({"output_gap": samples[col].astype(float), "method": "sample",
+                        "execution": list(samples["sample"] if "sample" in samples else range(len(samples))),
+                        "run": range(len(samples))})
+    svg = generation_chart_svg(gen, width, height).replace('class="generation"', 'class="chart per-sample"')
+    return svg.replace("execution (call order)", f"sample ({_e(col)})").replace("execution ", "sample ")
