@@ -366,6 +366,9 @@ class Inspector:
         """
         if self._etrecord is None:
             raise InspectorError("calculate_numeric_gap needs an ETRecord (pass etrecord=...)")
+        if reference_graph == "float":  # issue 15: the float model as reference (every recorded sample)
+            from edgetorch.devtools.inspector.float_reference import float_numeric_gap
+            return float_numeric_gap(self, distance, method, local=local)
         comparator = get_comparator(distance)
         if comparator.inspector is None:
             comparator.inspector = self

@@ -1,0 +1,492 @@
+"""Quantization debugging against the float model: which layer's INT8 costs the accuracy, and by how much.
+
+``Inspector.calculate_numeric_gap(distance, reference_graph="float")`` (or :func:`float_numeric_gap`) compares the
+runtime of a quantized program with the float program it was quantized from, which a quantizing export records
+in the ETRecord as ``graph_map["float/<method>"]``. The float ops carry torchao's PT2E numeric debug handles; the
+quantized program kept them through prepare/convert (``meta["custom"]["numeric_debug_handle"]``), so every
+quantized group (dequantize -> op -> quantize) maps to its float op.
+
+One row per float op whose quantized counterpart logged a value (a float op folded into its producer at
+prepare time, such as a batch norm after a conv, joins that producer's row). The runtime value of a row is what
+the quantized group hands downstream: the dequantized output of the group's quantize (the ``dequantize`` kernel's
+output, or an int8 value dequantized with the group's scale and zero point, e.g. inside an ONNX Runtime delegate),
+else the op's own float output. Columns:
+
+* ``gap``: the accumulated error (the float model run on the sample vs the runtime), ``distance`` averaged over
+  the samples; ``sqnr_db``: its signal-to-quantization-noise ratio (PyTorch's numeric suite), over all samples;
+* ``local_gap`` / ``local_sqnr_db``: the float op fed the runtime's own (dequantized) inputs and the float weights
+  vs the runtime output (ONNX Runtime's ``qdq_err``, TFLite's per-layer verify): the error this op's
+  quantization adds;
+* ``rmse_over_scale``: TFLite's statistic, the local RMSE divided by the output's quantization scale (about
+  0.29 = 1/sqrt(12) for pure rounding; None without an output quantizer);
+* ``weight_sqnr_db`` / ``weight_mse``: the dequantized int8 weight vs the float weight (a batch norm folded into
+  the weight at prepare time folded into the float weight too);
+* ``samples``: how many (sample, run) pairs the row aggregates: every recorded execution of ``method`` that has
+  a representative input (record the calibration set with ``etrecord.update_representative_inputs(samples)``).
+
+:func:`rank_quantization_culprits` orders the rows worst first (lowest local SQNR).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from edgetorch.devtools.inspector.comparators import get_comparator
+from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry
+from edgetorch.errors import InspectorError
+from edgetorch.exir.debug_handles import get_debug_handle, source_location
+from edgetorch.export.quantizer import float_handle, module_paths
+
+__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "rank_quantization_culprits"]
+
+#: the ``reference_graph`` name of the float model
+FLOAT_GRAPH = "float"
+
+qd = torch.ops.quantized_decomposed
+_QUANTIZE = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor}
+_DEQUANTIZE = {qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor,
+               qd.dequantize_per_channel.default}
+_BATCH_NORMS = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the quantized program: per float handle, the edge nodes of its group and where its runtime value comes from
+@dataclass
+class _Source:
+    node: torch.fx.Node
+    scale: float | None = None  # set for a quantize node: its int8 output is dequantized with these
+    zero_point: int = 0
+
+
+@dataclass
+class _Group:
+    handle: int
+    nodes: list[torch.fx.Node]
+    sources: list[_Source] = field(default_factory=list)
+    output_scale: float | None = None
+    weight_dequant: torch.fx.Node | None = None
+
+
+def _users(n: torch.fx.Node, targets: set) -> list[torch.fx.Node]:
+    return [u for u in n.users if u.op == "call_function" and u.target in targets]
+
+
+def _static_qparams(q: torch.fx.Node) -> tuple[float, int] | None:
+    scale, zp = (q.args[1:3] + (0,))[:2] if len(q.args) >= 3 else (None, 0)
+    if isinstance(scale, float) and isinstance(zp, int):
+        return scale, zp
+    return None
+
+
+def _output_sources(end: torch.fx.Node) -> tuple[list[_Source], float | None]:
+    """Where the group ending at ``end`` hands its value downstream, preferred first: dequantize(quantize(end)),
+    quantize(end) (int8, dequantized here), ``end`` itself."""
+    sources: list[_Source] = []
+    scale = None
+    for q in _users(end, _QUANTIZE):
+        params = _static_qparams(q)
+        scale = params[0] if params else None
+        sources += [_Source(dq) for dq in _users(q, _DEQUANTIZE)]
+        if params:
+            sources.append(_Source(q, *params))
+        break
+    sources.append(_Source(end))
+    return sources, scale
+
+
+def _weight_dequant(nodes: list[torch.fx.Node]) -> torch.fx.Node | None:
+    """The dequantize of a constant (int8 weight) feeding the group, through view-like ops (permute, t)."""
+    for n in nodes:
+        todo = [a for a in n.all_input_nodes]
+        while todo:
+            a = todo.pop()
+            if a.op != "call_function":
+                continue
+            if a.target in _DEQUANTIZE and a.args and isinstance(a.args[0], torch.fx.Node) \
+                    and a.args[0].op == "get_attr":
+                return a
+            if float_handle(a) is None and len(a.all_input_nodes) == 1 and a.target not in _DEQUANTIZE:
+                todo.append(a.all_input_nodes[0])
+    return None
+
+
+def quantized_groups(qgm: torch.fx.GraphModule) -> dict[int, _Group]:
+    """Per float handle, the edge nodes that carry it (graph order) and where its runtime value comes from."""
+    groups: dict[int, _Group] = {}
+    for n in qgm.graph.nodes:
+        h = float_handle(n) if n.op == "call_function" else None
+        if h is not None:
+            groups.setdefault(h, _Group(h, [])).nodes.append(n)
+    for g in groups.values():
+        g.sources, g.output_scale = _output_sources(g.nodes[-1])
+        g.weight_dequant = _weight_dequant(g.nodes)
+    return groups
+
+
+def _edge_last(qgm: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
+    """Per edge debug handle, its last node (the one whose output the runtime logs for that handle)."""
+    last: dict[int, torch.fx.Node] = {}
+    for n in qgm.graph.nodes:
+        h = get_debug_handle(n) if n.op == "call_function" else None
+        if h is not None:
+            last[h] = n
+    return last
+
+
+def _const_eval(gm: torch.fx.GraphModule, n: torch.fx.Node) -> Any:
+    """The value of ``n``, computed from constants only (get_attr nodes and literals)."""
+    if n.op == "get_attr":
+        obj: Any = gm
+        for part in str(n.target).split("."):
+            obj = getattr(obj, part)
+        return obj
+    args = torch.fx.node.map_arg(n.args, lambda a: _const_eval(gm, a))
+    kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: _const_eval(gm, a))
+    return n.target(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runtime values
+def _runtime_by_edge_handle(entries: list[RuntimeEntry], order: dict[int, int]) -> dict[int, list[torch.Tensor]]:
+    """Edge debug handle -> the runtime tensors logged for its last node (inner delegate rows first, delegate
+    call outputs where nothing finer was logged)."""
+    out: dict[int, list[torch.Tensor]] = {}
+    for e in entries:
+        if e.is_delegate_call:
+            continue
+        hs = [h for h in e.handles if h in order]
+        if hs:
+            out[max(hs, key=order.__getitem__)] = e.tensors
+    for e in entries:
+        if e.is_delegate_call and e.output_sources and len(e.output_sources) == len(e.tensors):
+            for src, t in zip(e.output_sources, e.tensors):
+                if src is not None and src[0] not in out:
+                    out[src[0]] = [t]
+    return out
+
+
+def _fits(node: torch.fx.Node, ts: list[torch.Tensor]) -> torch.Tensor | None:
+    val = node.meta.get("val")
+    val = val[0] if isinstance(val, (list, tuple)) and val else val
+    if not isinstance(val, torch.Tensor):
+        return None
+    for t in ts:
+        if t.dtype == val.dtype and t.numel() == val.numel():
+            return t.reshape(val.shape)
+    return None
+
+
+def _group_value(g: _Group, rt: dict[int, list[torch.Tensor]], last: dict[int, torch.fx.Node]
+                 ) -> tuple[torch.Tensor, torch.fx.Node] | None:
+    for s in g.sources:
+        h = get_debug_handle(s.node)
+        if h is None or last.get(h) is not s.node or h not in rt:
+            continue
+        t = _fits(s.node, rt[h])
+        if t is None:
+            continue
+        if s.scale is not None:
+            t = (t.to(torch.float32) - s.zero_point) * s.scale
+        if t.is_floating_point():
+            return t, s.node
+    return None
+
+
+def _quantized_inputs(qgm: torch.fx.GraphModule, rt: dict[int, list[torch.Tensor]],
+                      last: dict[int, torch.fx.Node]) -> dict[int, torch.Tensor]:
+    """User input index -> the runtime's dequantized value of that input (where the program quantizes it)."""
+    out = {}
+    for i, p in enumerate(n for n in qgm.graph.nodes if n.op == "placeholder"):
+        sources, _ = _output_sources(p)
+        got = _group_value(_Group(-1, [p], sources[:-1]), rt, last)
+        if got is not None:
+            out[i] = got[0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the float side
+def _float_ends(fgm: torch.fx.GraphModule, groups: dict[int, _Group]) -> dict[int, list[torch.fx.Node]]:
+    """Per float handle with a quantized group: the float nodes whose result the group computes, the op first,
+    then the ops folded into it at prepare time (single-user successors with no quantized counterpart)."""
+    chains: dict[int, list[torch.fx.Node]] = {}
+    for n in fgm.graph.nodes:
+        h = get_debug_handle(n) if n.op == "call_function" else None
+        if h is None or h not in groups:
+            continue
+        chain = [n]
+        while len(chain[-1].users) == 1:
+            (u,) = chain[-1].users
+            hu = get_debug_handle(u) if u.op == "call_function" else None
+            if hu is None or hu in groups or u.target is operator.getitem:
+                break
+            chain.append(u)
+        chains[h] = chain
+    return chains
+
+
+def _float_weight(fgm: torch.fx.GraphModule, chain: list[torch.fx.Node]) -> torch.Tensor | None:
+    """The float weight of the op heading ``chain``, a batch norm folded into it applied per output channel."""
+    head = chain[0]
+    w = head.args[1] if len(head.args) > 1 else None
+    if not isinstance(w, torch.fx.Node) or w.op != "get_attr":
+        return None
+    weight = _const_eval(fgm, w).detach()
+    for n in chain[1:]:
+        if n.target in _BATCH_NORMS:
+            gamma, var = (_const_eval(fgm, a) if isinstance(a, torch.fx.Node) else a for a in (n.args[1], n.args[4]))
+            eps = n.args[-1] if n.target is torch.ops.aten._native_batch_norm_legit_no_training.default \
+                else n.args[7]
+            factor = (gamma if gamma is not None else 1.0) / torch.sqrt(var + eps)
+            weight = weight * factor.reshape(-1, *([1] * (weight.dim() - 1)))
+    return weight
+
+
+def _mutable(n: torch.fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+
+
+def _clone_tensors(tree: Any) -> Any:
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
+
+
+class _FloatWalk(torch.fx.Interpreter):
+    """One pass over the float graph computing each op on the float values (the accumulated reference) and on
+    the runtime's values of its inputs (the local reference), the runtime value substituted at every row."""
+
+    def __init__(self, gm: torch.fx.GraphModule, rows: dict[torch.fx.Node, torch.Tensor],
+                 inputs: dict[int, torch.Tensor] | None = None) -> None:
+        super().__init__(gm)
+        self.rows = rows  # chain end -> runtime value
+        self.inputs = inputs or {}  # user input index -> the runtime's dequantized input
+        self._placeholder = 0
+        self.rt_env: dict[torch.fx.Node, Any] = {}
+        self.ref: dict[torch.fx.Node, torch.Tensor] = {}
+        self.local: dict[torch.fx.Node, torch.Tensor] = {}
+
+    def _on_runtime_values(self, n: torch.fx.Node) -> Any:
+        def sub(a: torch.fx.Node) -> Any:
+            return self.rt_env[a] if a in self.rt_env else self.env[a]
+
+        args = torch.fx.node.map_arg(n.args, sub)
+        kwargs = torch.fx.node.map_arg(n.kwargs, sub)
+        if _mutable(n):
+            args, kwargs = _clone_tensors((args, kwargs))
+        return getattr(self, n.op)(n.target, args, kwargs)
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op == "call_function" and _mutable(n):  # never write into values other rows still read
+            args, kwargs = _clone_tensors(self.fetch_args_kwargs_from_env(n))
+            out = self.call_function(n.target, args, kwargs)
+        else:
+            out = super().run_node(n)
+        if n.op == "placeholder":
+            q = self.inputs.get(self._placeholder)
+            self._placeholder += 1
+            if q is not None and isinstance(out, torch.Tensor) and q.numel() == out.numel():
+                self.rt_env[n] = q.reshape(out.shape)
+        if n.op != "call_function":
+            return out
+        differs = any(a in self.rt_env for a in n.all_input_nodes)
+        local = self._on_runtime_values(n) if differs else out
+        rt = self.rows.get(n)
+        if rt is not None and isinstance(out, torch.Tensor) and isinstance(local, torch.Tensor):
+            self.ref[n], self.local[n] = out, local
+            self.rt_env[n] = rt
+        elif differs:
+            self.rt_env[n] = local
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class _Stats:
+    """Sums over samples of one row."""
+
+    gaps: list[float] = field(default_factory=list)
+    local_gaps: list[float] = field(default_factory=list)
+    signal: float = 0.0
+    noise: float = 0.0
+    local_signal: float = 0.0
+    local_noise: float = 0.0
+    elements: int = 0
+    first: tuple[torch.Tensor, torch.Tensor] | None = None
+    runtime_node: str = ""
+
+    def add(self, ref: torch.Tensor, local: torch.Tensor, rt: torch.Tensor, comparator: Any) -> None:
+        ref, local, rt = ref.detach(), local.detach(), rt.detach().reshape(ref.shape).to(ref.dtype)
+        self.gaps.append(float(comparator.compare(ref, rt)))
+        self.local_gaps.append(float(comparator.compare(local, rt)))
+        r, lo, x = ref.double(), local.double(), rt.double()
+        self.signal += float((r * r).sum())
+        self.noise += float(((r - x) ** 2).sum())
+        self.local_signal += float((lo * lo).sum())
+        self.local_noise += float(((lo - x) ** 2).sum())
+        self.elements += ref.numel()
+        if self.first is None:
+            self.first = (ref, rt)
+
+
+def _sqnr(signal: float, noise: float) -> float:
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def _samples(inspector: Any, method: str, runs: Sequence[int] | None) -> list[tuple[tuple, list[RuntimeEntry]]]:
+    """(inputs, runtime entries) of every recorded execution of ``method`` with a representative input."""
+    from edgetorch.formats import etdump as ed
+
+    reps = (inspector.etrecord.representative_inputs or {}).get(method) or []
+    if not reps:
+        raise InspectorError(f"the ETRecord has no representative inputs for method '{method}': call "
+                             "etrecord.update_representative_inputs(samples) before saving it")
+    out = []
+    index = 0
+    blocks = [b for b in inspector.event_blocks if b.method == method and b.name != ed.LOAD_BLOCK
+              and any(e.instruction_id is not None for e in b.events)]
+    for b in blocks:
+        for r in range(max(1, b.num_runs)):
+            i = b.bundled_input_index if b.bundled_input_index is not None else index
+            index += 1
+            if i < len(reps) and (runs is None or i in runs):
+                out.append((reps[i], inspector._runtime_entries(b, r)[0]))
+    if not out:
+        raise InspectorError(f"no execution of method '{method}' matches a representative input (runs={runs}, "
+                             f"{len(reps)} inputs recorded)")
+    return out
+
+
+def _graphs(inspector: Any, method: str) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    from edgetorch.devtools.etrecord._reference import reference_from_program
+
+    rec = inspector.etrecord
+    if rec is None:
+        raise InspectorError("reference_graph='float' needs an ETRecord (pass etrecord=...)")
+    key = f"{FLOAT_GRAPH}/{method}"
+    ep = (rec.graph_map or {}).get(key)
+    if ep is None:
+        raise InspectorError(f"the ETRecord holds no float program for method '{method}' (graph_map['{key}']): "
+                             "export with a quantization recipe and generate_etrecord=True, or call "
+                             "etrecord.add_float_reference(float_program) (see "
+                             "edgetorch.export.quantizer.capture_float_program)")
+    qgm = rec.edge_reference_graph(method)
+    if qgm is None:
+        qgm = rec.edge_program(method).module()
+    return reference_from_program(ep, method), qgm
+
+
+def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
+                      runs: Sequence[int] | None = None, local: bool = True) -> pd.DataFrame:
+    """The per-float-op table of quantization errors (see the module docstring) over every recorded execution
+    of ``method`` with a representative input (``runs``: only those sample indices)."""
+    comparator = get_comparator(distance)
+    method = method or ("forward" if "forward" in inspector.methods or not inspector.methods
+                        else inspector.methods[0])
+    fgm, qgm = _graphs(inspector, method)
+    groups = quantized_groups(qgm)
+    chains = _float_ends(fgm, groups)
+    last = _edge_last(qgm)
+    order = {h: i for i, h in enumerate(last)}
+    stats: dict[int, _Stats] = {}
+    with torch.no_grad():
+        for inputs, entries in _samples(inspector, method, runs):
+            rt = _runtime_by_edge_handle(entries, order)
+            rows: dict[torch.fx.Node, torch.Tensor] = {}
+            ends: dict[torch.fx.Node, tuple[int, str]] = {}
+            for h, chain in chains.items():
+                got = _group_value(groups[h], rt, last)
+                if got is not None:
+                    rows[chain[-1]] = got[0]
+                    ends[chain[-1]] = (h, got[1].name)
+            walk = _FloatWalk(fgm, rows, _quantized_inputs(qgm, rt, last))
+            walk.run(*pytree.tree_leaves(tuple(inputs)))
+            for n, (h, rt_name) in ends.items():
+                if n not in walk.ref or walk.ref[n].numel() != rows[n].numel():
+                    continue
+                s = stats.setdefault(h, _Stats(runtime_node=rt_name))
+                s.add(walk.ref[n], walk.local[n], rows[n], comparator)
+    df = _table(stats, chains, groups, fgm, qgm, comparator, local)
+    df.attrs.update(reference_graph=FLOAT_GRAPH, method=method,
+                    distance=getattr(comparator, "name", type(comparator).__name__),
+                    float_ops=len(chains), samples=max((len(s.gaps) for s in stats.values()), default=0))
+    return df
+
+
+def _weight_error(fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, chain: list[torch.fx.Node],
+                  g: _Group) -> tuple[float | None, float | None]:
+    if g.weight_dequant is None:
+        return None, None
+    w = _float_weight(fgm, chain)
+    if w is None:
+        return None, None
+    wq = _const_eval(qgm, g.weight_dequant)
+    if not isinstance(wq, torch.Tensor) or wq.shape != w.shape:
+        return None, None
+    w, wq = w.detach().double(), wq.detach().double()
+    noise = float(((w - wq) ** 2).sum())
+    return _sqnr(float((w * w).sum()), noise), noise / max(1, w.numel())
+
+
+def _table(stats: dict[int, _Stats], chains: dict[int, list[torch.fx.Node]], groups: dict[int, _Group],
+           fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, comparator: Any, local: bool) -> pd.DataFrame:
+    rows = []
+    for h, chain in chains.items():
+        s = stats.get(h)
+        if s is None or s.first is None:
+            continue
+        g = groups[h]
+        w_sqnr, w_mse = _weight_error(fgm, qgm, chain, g)
+        local_rmse = math.sqrt(s.local_noise / max(1, s.elements))
+        paths = module_paths(chain[0])
+        rows.append({
+            "float_debug_handle": h,
+            "aot_debug_handle": (h,),
+            "aot_ops": [n.name for n in chain],
+            "float_op": str(chain[0].target),
+            "runtime_ops": [n.name for n in g.nodes] + ([s.runtime_node] if s.runtime_node not in
+                                                        [n.name for n in g.nodes] else []),
+            "gap": [sum(s.gaps) / len(s.gaps)],
+            "local_gap": [sum(s.local_gaps) / len(s.local_gaps)] if local else [None],
+            "metric": getattr(comparator, "name", type(comparator).__name__),
+            "sqnr_db": _sqnr(s.signal, s.noise),
+            "local_sqnr_db": _sqnr(s.local_signal, s.local_noise) if local else None,
+            "rmse_over_scale": local_rmse / g.output_scale if g.output_scale else None,
+            "output_scale": g.output_scale,
+            "weight_sqnr_db": w_sqnr,
+            "weight_mse": w_mse,
+            "quantized": bool(g.output_scale is not None or g.weight_dequant is not None),
+            "samples": len(s.gaps),
+            "aot_intermediate_output": s.first[0],
+            "runtime_intermediate_output": s.first[1],
+            "module": paths[-1] if paths else "",
+            "source": source_location(chain[0].meta.get("stack_trace")),
+            "shape": tuple(s.first[0].shape),
+        })
+    return pd.DataFrame(rows, columns=[
+        "float_debug_handle", "aot_debug_handle", "aot_ops", "float_op", "runtime_ops", "gap", "local_gap", "metric",
+        "sqnr_db", "local_sqnr_db", "rmse_over_scale", "output_scale", "weight_sqnr_db", "weight_mse", "quantized",
+        "samples", "aot_intermediate_output", "runtime_intermediate_output", "module", "source", "shape"])
+
+
+def rank_quantization_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """The ``top`` rows of a float-reference gap table whose own quantization adds the most error: lowest local
+    SQNR first (ties: lowest accumulated SQNR). Rows whose op is not quantized (no weight, no output quantizer)
+    are left out."""
+    if df.empty:
+        return df
+    cand = df[df["quantized"]] if "quantized" in df else df
+    key = cand["local_sqnr_db"].astype(float).fillna(math.inf)
+    ranked = cand.assign(_k=key, _a=cand["sqnr_db"].astype(float)).sort_values(["_k", "_a"], kind="stable")
+    return ranked.drop(columns=["_k", "_a"]).head(top)
