@@ -6,8 +6,8 @@ with the runtime's output) is beyond what rounding in its dtype explains (``verd
 is within noise has no culprit: the result is empty.
 
 Most specific row first. A ``DELEGATE_CALL`` row whose compared output is also logged by an op inside the
-delegate (an inner row of the same call comparing the same reference op) is the same tensor seen from outside:
-the inner row names the op, so the delegate row is not a separate culprit.
+delegate (an inner row of the same call comparing the same reference op) and found wrong there is the same
+tensor seen from outside: the inner row names the op, so the delegate row is not a separate culprit.
 
 Ranking. Exact rows with mismatching elements first (an integer off by one is as wrong as it gets), then
 floating-point rows by ``noise_ratio`` = ``local_rel_error / noise_floor`` (how many times the op's error
@@ -57,11 +57,13 @@ def is_real(metric: str, local_gap: Any, gap: Any, local_rel: Any, rel: Any, flo
     return f is None or err > f
 
 
-def _explained_delegate_rows(df: pd.DataFrame) -> set[Any]:
-    """DELEGATE_CALL rows whose compared reference op is also compared by an inner row of the same call."""
-    inner: set[tuple[Any, Any]] = set()
-    for call, h in zip(df["in_delegate_call"], df["ref_handle"]):
-        if call is not None and not (isinstance(call, float) and math.isnan(call)):
+def _explained_delegate_rows(df: pd.DataFrame, real: list[bool]) -> set[Any]:
+    """DELEGATE_CALL rows whose compared reference op is also compared, and found wrong, by an inner row of
+    the same call (the same tensor seen from inside, where the op is named). A delegate row whose inner row is
+    within noise stays: the error appeared between the op and the delegate's output."""
+    inner: set[tuple[int, Any]] = set()
+    for call, h, r in zip(df["in_delegate_call"], df["ref_handle"], real):
+        if r and call is not None and not (isinstance(call, float) and math.isnan(call)):
             inner.add((int(call), h))
     return {i for i, ops, iid, h in zip(df.index, df["runtime_ops"], df["instruction_id"], df["ref_handle"])
             if list(ops) == ["DELEGATE_CALL"] and (int(iid), h) in inner}
@@ -95,7 +97,7 @@ def find_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     out["noise_ratio"] = ratio
     real = [is_real(*a) for a in zip(df["metric"], df["local_gap"], df["gap"], df["local_rel_error"],
                                       df["rel_error"], df["noise_floor"])]
-    explained = _explained_delegate_rows(df)
+    explained = _explained_delegate_rows(df, real)
     keep = [i for i, r in zip(df.index, real) if r and i not in explained]
     out = out.loc[keep]
 
