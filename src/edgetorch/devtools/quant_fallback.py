@@ -1,0 +1,200 @@
+"""Selective fallback: keep the layers whose INT8 costs the most in float, re-export, re-measure.
+
+The quantization-debugging loop of TFLite's QuantizationDebugger (its denylist) and ONNX Runtime's qdq_loss_debug,
+on edgetorch's export recipes::
+
+    from edgetorch.devtools.quant_fallback import selective_fallback
+    from edgetorch.export import PortableRecipeType
+
+    report = selective_fallback(model, calibration_samples, PortableRecipeType.INT8_STATIC_PER_CHANNEL)
+    print(report.culprits[["aot_ops", "local_sqnr_db", "weight_sqnr_db"]])   # which layer's INT8 hurts
+    print(report.steps)              # per step: layers kept float, cosine to float, accuracy recovered, latency
+
+Step 0 is the INT8 program; step ``s`` keeps the ``s`` worst layers (lowest local SQNR in the float-reference gap
+table, :mod:`edgetorch.devtools.inspector.float_reference`) in float through the recipe's quantization exclusions
+(``quant_exclude_nodes``) and is exported and measured again. ``accuracy_recovered`` is the share of the cosine
+to the float model that INT8 lost and the step won back; ``latency_ms`` the median wall time of one run on the
+edgetorch runtime (no ETDump), next to the float program's on the same backend.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.utils._pytree as pytree
+
+from edgetorch.errors import InspectorError
+from edgetorch.export import ExportRecipe, export
+from edgetorch.export.recipe import RecipeType
+
+__all__ = ["FallbackReport", "QuantizedRun", "cosine_to_float", "fp32_recipe_of", "inspect_quantized",
+           "run_latency_ms", "selective_fallback"]
+
+_FUSED_ACTIVATIONS = {"aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default"}
+_WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}
+_BATCH_NORMS = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
+
+
+@dataclass
+class QuantizedRun:
+    """A quantized program run on every sample with ETDump and debug buffer, and its float-reference table."""
+
+    et: Any  # ExecutorchProgramManager
+    table: pd.DataFrame
+    outputs: list[list[Any]]  # the runtime's flat outputs per sample
+    inspector: Any
+
+
+@dataclass
+class FallbackReport:
+    """``steps``: one row per step (0 = INT8); ``culprits``: the ranked float-reference rows; ``table``: the
+    INT8 program's full float-reference gap table."""
+
+    steps: pd.DataFrame
+    culprits: pd.DataFrame
+    table: pd.DataFrame
+    float_latency_ms: float | None = None
+    runs: list[QuantizedRun] = field(default_factory=list)
+
+
+def _flat_float(tree: Any) -> torch.Tensor:
+    leaves = [t.detach().reshape(-1).double() for t in pytree.tree_leaves(tree)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return torch.cat(leaves) if leaves else torch.zeros(0, dtype=torch.float64)
+
+
+def cosine_to_float(model: torch.nn.Module, samples: Sequence[tuple], outputs: Sequence[Any]) -> float:
+    """Mean over samples of the cosine similarity between the float model's outputs and ``outputs`` (every
+    floating-point output of a sample, flattened and concatenated)."""
+    cos = []
+    with torch.no_grad():
+        for s, out in zip(samples, outputs, strict=True):
+            a, b = _flat_float(model(*s)), _flat_float(out)
+            if a.numel() != b.numel():
+                raise InspectorError(f"the program's outputs ({b.numel()} float elements) do not match the model's "
+                                     f"({a.numel()}): pass the model the program was exported from")
+            cos.append(torch.nn.functional.cosine_similarity(a, b, dim=0).item())
+    return sum(cos) / len(cos)
+
+
+def run_latency_ms(pte: bytes, samples: Sequence[tuple], repeats: int = 3) -> float:
+    """Median wall time in ms of one ``execute`` of ``forward`` on the edgetorch runtime (no ETDump), over
+    ``repeats`` passes over ``samples`` after one warm-up pass."""
+    from edgetorch.runtime import Runtime
+
+    method = Runtime.get().load_program(pte).load_method("forward")
+    for s in samples:
+        method.execute(*s)
+    times = []
+    for _ in range(max(1, repeats)):
+        for s in samples:
+            t0 = time.perf_counter()
+            method.execute(*s)
+            times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
+def inspect_quantized(et: Any, samples: Sequence[tuple], distance: str = "MSE",
+                      workdir: str | None = None) -> QuantizedRun:
+    """Runs ``et`` (an ExecutorchProgramManager whose ETRecord holds the float program) on every sample with an
+    ETDump and debug buffer, and builds the float-reference gap table over all of them."""
+    from edgetorch.devtools.inspector import Inspector
+    from edgetorch.runtime import Runtime
+
+    record = et.get_etrecord()
+    record.update_representative_inputs([tuple(s) for s in samples])
+    with tempfile.TemporaryDirectory(dir=workdir) as d:
+        paths = [os.path.join(d, n) for n in ("q.etrecord", "q.etdp", "q_debug.bin")]
+        record.save(paths[0])
+        program = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+        method = program.load_method("forward")
+        outputs = [method.execute(*s) for s in samples]
+        program.write_etdump_result_to_file(paths[1], paths[2])
+        inspector = Inspector(etdump_path=paths[1], etrecord=paths[0], debug_buffer_path=paths[2])
+        table = inspector.calculate_numeric_gap(distance, reference_graph="float")
+    return QuantizedRun(et, table, outputs, inspector)
+
+
+def fp32_recipe_of(recipe_type: RecipeType) -> RecipeType:
+    """The FP32 recipe of ``recipe_type``'s backend (``PortableRecipeType.FP32``, ``OrtRecipeType.FP32``)."""
+    fp32 = getattr(type(recipe_type), "FP32", None)
+    if fp32 is None:
+        raise InspectorError(f"recipe_type {recipe_type!r}: its backend has no FP32 recipe to compare with")
+    return fp32
+
+
+def _layer_nodes(run: QuantizedRun, row: pd.Series) -> list[str]:
+    """The float node names to keep in float for one culprit row: its op (a conv/linear whose output the row's
+    fused relu/hardtanh quantizes included, so the whole quantized pattern stays float)."""
+    names = [row["aot_ops"][0]]
+    if row["float_op"] in _FUSED_ACTIVATIONS:
+        fgm = run.inspector.etrecord.graph_map[f"float/{run.table.attrs.get('method', 'forward')}"].graph_module
+        node = next((n for n in fgm.graph.nodes if n.name == names[0]), None)
+        producer = node.args[0] if node is not None and node.args else None
+        while isinstance(producer, torch.fx.Node) and str(producer.target) in _BATCH_NORMS \
+                and len(producer.users) == 1:  # a batch norm folded into the conv at prepare time
+            producer = producer.args[0]
+        if isinstance(producer, torch.fx.Node) and str(producer.target) in _WEIGHTED and len(producer.users) == 1:
+            names.insert(0, producer.name)
+    return names
+
+
+def _export_run(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: RecipeType,
+                options: dict[str, Any]) -> QuantizedRun:
+    session = export(model, list(samples), ExportRecipe.get_recipe(recipe_type, **options), generate_etrecord=True)
+    return inspect_quantized(session.get_executorch_program_manager(), samples)
+
+
+def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: RecipeType,
+                       max_layers: int = 3, eval_samples: Sequence[tuple] | None = None,
+                       latency_repeats: int = 3, **recipe_options: Any) -> FallbackReport:
+    """Quantizes ``model`` with ``recipe_type`` (calibrated on ``samples``), ranks its layers by the error their
+    own quantization adds, then keeps the 1..``max_layers`` worst in float, one export per step. Accuracy
+    (cosine to the float model) is measured on ``eval_samples`` (default: ``samples``). ``recipe_options`` go
+    to the recipe (e.g. ``activation_observer``, or exclusions already decided)."""
+    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+
+    if not isinstance(max_layers, int) or max_layers < 1:
+        raise InspectorError(f"max_layers must be a positive int, got {max_layers!r}")
+    samples = [tuple(s) for s in samples]
+    evals = [tuple(s) for s in (eval_samples or samples)]
+    base = _export_run(model, samples, recipe_type, recipe_options)
+    culprits = rank_quantization_culprits(base.table, top=max_layers)
+    fp32 = export(model, evals[:1], ExportRecipe.get_recipe(fp32_recipe_of(recipe_type)))
+    float_ms = run_latency_ms(fp32.get_pte_buffer(), evals, latency_repeats)
+    excluded: list[str] = list(recipe_options.pop("quant_exclude_nodes", ()))
+    rows, runs = [], [base]
+    for step in range(len(culprits) + 1):
+        if step:
+            excluded += [n for n in _layer_nodes(base, culprits.iloc[step - 1]) if n not in excluded]
+            opts = {**recipe_options, "quant_exclude_nodes": tuple(excluded)}
+            session = export(model, samples, ExportRecipe.get_recipe(recipe_type, **opts))
+            et = session.get_executorch_program_manager()
+        else:
+            et = base.et
+        rows.append(_measure(model, et, evals, step, excluded, latency_repeats))
+    steps = pd.DataFrame(rows)
+    lost = 1.0 - steps["cosine"].iloc[0]
+    steps["accuracy_recovered"] = [(c - steps["cosine"].iloc[0]) / lost if lost > 0 else 0.0
+                                   for c in steps["cosine"]]
+    steps["latency_vs_float"] = steps["latency_ms"] / float_ms
+    steps["latency_vs_int8"] = steps["latency_ms"] / steps["latency_ms"].iloc[0]
+    return FallbackReport(steps, culprits, base.table, float_ms, runs)
+
+
+def _measure(model: torch.nn.Module, et: Any, samples: list[tuple], step: int, excluded: list[str],
+             repeats: int) -> dict[str, Any]:
+    from edgetorch.runtime import Runtime
+
+    method = Runtime.get().load_program(et.buffer).load_method("forward")
+    outputs = [method.execute(*s) for s in samples]
+    return {"step": step, "kept_float": list(excluded), "cosine": cosine_to_float(model, samples, outputs),
+            "latency_ms": run_latency_ms(et.buffer, samples, repeats)}
