@@ -410,6 +410,26 @@ class Inspector:
         self.last_gap_coverage = cov
         return df
 
+    def calculate_numeric_gap_over(self, samples: Any, program: Any, distance: str | NumericalComparatorBase = "MSE",
+                                   method: str | None = None, top: int = 5, reference_graph: str | None = None,
+                                   progress: Any = None) -> pd.DataFrame:
+        """Per-op gap statistics over many inputs (``inspector.multisample``): re-runs ``program`` (a .pte path,
+        its bytes, an ExecutorchProgramManager or a BundledProgram) with the runtime and its tracer on every
+        sample of ``samples`` (an iterable of input tuples, or a BundledProgram's test suite), streaming (one
+        sample's intermediates in memory at a time), and returns per-op mean / max / p99 of ``gap``,
+        ``local_gap``, ``rel_error`` and ``local_rel_error``, the worst case in the usual columns (so
+        ``find_culprits`` works on it) and the stability of the culprit ranking across samples;
+        ``df.attrs["samples"]`` is N."""
+        from edgetorch.devtools.inspector.multisample import numeric_gap_over_samples
+
+        if self._etrecord is None:
+            raise InspectorError("calculate_numeric_gap_over needs an ETRecord (pass etrecord=...)")
+        if method is None:
+            runs = self.methods
+            method = "forward" if "forward" in runs or not runs else runs[0]
+        return numeric_gap_over_samples(self._etrecord, program, samples, distance, method, top, reference_graph,
+                                        progress)
+
     # -- across executions (inspector.generation) ---------------------------------------------------------
     def _replay(self, reference_graph: str | None = None) -> Any:
         from edgetorch.devtools.inspector.generation import GenerationReplay
