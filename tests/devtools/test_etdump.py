@@ -83,7 +83,7 @@ def test_a_truncated_debug_buffer_gives_a_clear_error(recorded, tmp_path):
     short = tmp_path / "short.bin"
     short.write_bytes(data[:len(data) // 2])
     buf = DebugBuffer(short)
-    with pytest.raises(ETDumpFormatError, match=f"recorded with {len(data)}") as ei:
+    with pytest.raises(ETDumpFormatError, match=f"recorded with {len(data) - ed.TRAILER_SIZE}") as ei:
         buf.check(etdump)
     assert ei.value.field == "debug_buffer_bytes" and ei.value.path == str(short)
     last = _program_outputs(etdump)[-1].tensor

@@ -255,7 +255,9 @@ def _dump_outputs(program: Any, outputs_per_run: list[list], plan: Any, etdump_p
                                        f"{pos} bytes (pass --debug_buffer_size auto)", needed_bytes=pos,
                                        capacity=limit)
     dump.debug_buffer_bytes = pos
-    atomic_write(debug_path, chunks)
+    crc: list[int] = []
+    atomic_write(debug_path, ed.sealed_chunks(chunks, dump.program_hash, dump.run_id, crc))
+    dump.debug_buffer_crc32 = crc[-1]
     atomic_write(etdump_path, [ed.serialize_etdump(dump)])
     return pos
 

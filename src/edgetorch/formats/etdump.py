@@ -150,7 +150,93 @@ class ETDump:
     version: int = ETDUMP_SCHEMA_VERSION
     program_hash: str = ""
     run_data: list[RunData] = field(default_factory=list)
-    debug_buffer_bytes: int = 0  # size of the debug buffer file the tensors point into
+    debug_buffer_bytes: int = 0  # size of the debug buffer data the tensors point into
+    run_id: str = ""  # hex id of the recording, also in the debug buffer's trailer ("": written before run ids)
+    debug_buffer_crc32: int = -1  # CRC-32 of the debug buffer data [0, debug_buffer_bytes) (-1: unknown)
+
+
+# ----------------------------------------------------------------------------------------------
+# Debug buffer trailer: the identity of the recording that wrote a debug buffer
+# ----------------------------------------------------------------------------------------------
+
+TRAILER_MAGIC = b"EDGTDBGT"
+TRAILER_VERSION = 1
+TRAILER_SIZE = 128
+_TRAILER = struct.Struct("<8sIIQ32s16sI")  # magic, version, size, data bytes, program hash, run id, CRC-32
+
+
+@dataclass(frozen=True)
+class DebugBufferTrailer:
+    """The last ``TRAILER_SIZE`` bytes of a debug buffer file: which program and recording wrote the data
+    before it, how many bytes that data has and their CRC-32."""
+
+    data_bytes: int
+    program_hash: str
+    run_id: str
+    crc32: int
+
+
+def new_run_id() -> str:
+    """A random 128-bit recording id (hex)."""
+    import os
+
+    return os.urandom(16).hex()
+
+
+def encode_trailer(t: DebugBufferTrailer) -> bytes:
+    try:
+        phash, rid = bytes.fromhex(t.program_hash), bytes.fromhex(t.run_id)
+    except ValueError:
+        raise ETDumpFormatError("program hash and run id must be hex strings", field="trailer") from None
+    head = _TRAILER.pack(TRAILER_MAGIC, TRAILER_VERSION, TRAILER_SIZE, t.data_bytes, phash, rid, t.crc32)
+    return head + bytes(TRAILER_SIZE - len(head))
+
+
+def read_trailer(buf: bytes | memoryview, size: int, path: str | None = None) -> DebugBufferTrailer | None:
+    """The trailer at the end of a debug buffer of ``size`` bytes, or None when it has none (a buffer written
+    before trailers existed, or not a debug buffer at all)."""
+    if size < TRAILER_SIZE:
+        return None
+    tail = bytes(memoryview(buf)[size - TRAILER_SIZE:size])
+    magic, version, tsize, nbytes, phash, rid, crc = _TRAILER.unpack_from(tail, 0)
+    if magic != TRAILER_MAGIC:
+        return None
+    if version != TRAILER_VERSION or tsize != TRAILER_SIZE or nbytes != size - TRAILER_SIZE \
+            or any(tail[_TRAILER.size:]):
+        raise ETDumpFormatError(f"{path or 'debug buffer'}: corrupted trailer (version {version}, size {tsize}, "
+                                f"data bytes {nbytes} of a {size}-byte file)", field="trailer", path=path)
+    return DebugBufferTrailer(nbytes, phash.hex(), rid.hex(), crc)
+
+
+def sealed_chunks(chunks, program_hash: str, run_id: str, result: list[int]):
+    """Yields ``chunks`` (the data of a debug buffer) then the trailer sealing them; appends the CRC-32 of the
+    data to ``result`` once all chunks went by."""
+    import zlib
+
+    crc, n = 0, 0
+    for c in chunks:
+        crc = zlib.crc32(c, crc)
+        n += memoryview(c).nbytes
+        yield c
+    result.append(crc)
+    yield encode_trailer(DebugBufferTrailer(n, program_hash, run_id, crc))
+
+
+def seal_in_place(path: str, data_bytes: int, program_hash: str, run_id: str) -> int:
+    """Writes the trailer after the first ``data_bytes`` bytes of the debug buffer file ``path`` (a file the
+    runtime streams into) and cuts the file there; returns the CRC-32 of the data."""
+    import os
+    import zlib
+
+    crc = 0
+    with open(path, "r+b") as f:
+        fd = f.fileno()
+        for off in range(0, data_bytes, 1 << 22):
+            crc = zlib.crc32(os.pread(fd, min(1 << 22, data_bytes - off), off), crc)
+        f.seek(data_bytes)
+        f.write(encode_trailer(DebugBufferTrailer(data_bytes, program_hash, run_id, crc)))
+        f.truncate()
+    return crc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -293,11 +379,15 @@ def serialize_etdump(etdump: ETDump) -> bytes:
     b = w.b
     runs = w.offsets(fb.ETDumpStartRunDataVector, [w.run(r) for r in etdump.run_data])
     phash = w.string(etdump.program_hash)
+    run_id = w.string(etdump.run_id) if etdump.run_id else None
     fb.ETDumpStart(b)
     fb.ETDumpAddVersion(b, etdump.version)
     fb.ETDumpAddProgramHash(b, phash)
     fb.ETDumpAddDebugBufferBytes(b, etdump.debug_buffer_bytes)
     fb.ETDumpAddRunData(b, runs)
+    if run_id is not None:
+        fb.ETDumpAddRunId(b, run_id)
+    fb.ETDumpAddDebugBufferCrc32(b, etdump.debug_buffer_crc32)
     b.FinishSizePrefixed(fb.ETDumpEnd(b), file_identifier=FB_IDENTIFIER)
     return bytes(b.Output())
 
@@ -447,9 +537,16 @@ def deserialize_etdump(data: bytes | bytearray | memoryview, path: str | None = 
             raise r.fail(f"negative size {dbb}", "debug_buffer_bytes")
         r.at = "run_data"
         runs = [r.run(t, f"run_data[{i}]") for i, t in enumerate(root.tables(3))]
+        r.at = "run_id"
+        run_id = root.string(4)
+        crc = root.scalar(5, "q", -1)
+        if run_id and (len(run_id) != 32 or any(c not in "0123456789abcdef" for c in run_id)):
+            raise r.fail(f"run id {run_id[:40]!r} is not 32 hex digits", "run_id")
+        if not -1 <= crc < 1 << 32:
+            raise r.fail(f"debug buffer CRC-32 {crc} out of range", "debug_buffer_crc32")
     except ETDumpFormatError:
         raise
     except Exception as e:  # the generated accessors do no bounds checks
         raise ETDumpFormatError(f"ETDump: {r.at}: malformed data ({type(e).__name__}: {e})", field=r.at,
                                 path=path) from None
-    return ETDump(version, phash, runs, dbb)
+    return ETDump(version, phash, runs, dbb, run_id, crc)

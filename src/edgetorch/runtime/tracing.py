@@ -177,6 +177,15 @@ class BufferSink(DebugSink):
         atomic_write(path, [self.getvalue()])
 
 
+def _is_sink_file(sink: DebugSink, path: str | os.PathLike) -> bool:
+    """True when ``path`` is the file a streaming sink writes (nothing to copy then)."""
+    own = getattr(sink, "path", None)
+    if own is None:
+        return False
+    path = os.fspath(path)
+    return os.path.abspath(path) == os.path.abspath(own) or (os.path.exists(path) and os.path.samefile(path, own))
+
+
 def _anonymous_file() -> Any:
     """A file that lives in memory only (memfd on Linux; else an unnamed temporary file)."""
     if hasattr(os, "memfd_create"):
@@ -625,6 +634,7 @@ class ProgramTracer:
         self._writer: _Writer | _InlineWriter | None = None  # its debug-buffer writer
         self._delegate_k = -1  # instruction id of the DELEGATE_CALL in progress
         self._lent: dict[int, tuple[int, int]] = {}  # data_ptr -> (offset, nbytes) lent to a delegate this run
+        self.run_id = ed.new_run_id()  # identity of this recording: in the ETDump and the debug buffer trailer
 
     # -- configuration ------------------------------------------------------------------------------
     @property
@@ -876,23 +886,32 @@ class ProgramTracer:
         """Everything recorded so far as an ``ETDump`` (load blocks and execute blocks in order)."""
         runs = [r.to_run_data() if isinstance(r, _ExecRun) else r for r in self._runs]
         used = self._sink.used_bytes if self._sink is not None else 0
-        return ed.ETDump(ed.ETDUMP_SCHEMA_VERSION, self._program.content_hash, runs, used)
+        return ed.ETDump(ed.ETDUMP_SCHEMA_VERSION, self._program.content_hash, runs, used, self.run_id)
 
     def write(self, etdump_path: str | os.PathLike, debug_buffer_path: str | os.PathLike | None = None) -> None:
         """Writes the ETDump (atomically) and, when intermediates were recorded, the used prefix of the debug
         buffer. A streaming file sink needs no ``debug_buffer_path`` (its file is complete after a flush);
-        given another path, the stream is copied there."""
+        given another path, the stream is copied there. The debug buffer ends with a trailer naming the program
+        and this recording (``formats.etdump.DebugBufferTrailer``); the ETDump records the same run id and the
+        CRC-32 of the buffer's data."""
         sink = self._sink
+        crc = [-1]
         if sink is not None:
-            if debug_buffer_path is not None:
-                sink.save(debug_buffer_path)
+            phash, used = self._program.content_hash, sink.used_bytes
+            if debug_buffer_path is not None and not _is_sink_file(sink, debug_buffer_path):
+                sink.flush()
+                chunks = sink.chunks() if isinstance(sink, FileSink) else [sink.getvalue()]
+                atomic_write(debug_buffer_path, ed.sealed_chunks(chunks, phash, self.run_id, crc))
             elif sink.path is not None:
                 sink.flush()
+                crc = [ed.seal_in_place(sink.path, used, phash, self.run_id)]
             elif sink.used_bytes:
                 raise EdgeTorchError(
                     f"intermediate outputs were recorded ({sink.used_bytes} bytes in the in-memory debug "
                     "buffer): pass debug_buffer_path to write them next to the ETDump")
-        atomic_write(etdump_path, [ed.serialize_etdump(self.etdump())])
+        dump = self.etdump()
+        dump.debug_buffer_crc32 = crc[-1]
+        atomic_write(etdump_path, [ed.serialize_etdump(dump)])
 
     def clear(self) -> None:
         """Forgets every recorded block and rewinds the debug buffer (methods stay loaded)."""

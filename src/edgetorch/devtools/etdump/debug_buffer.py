@@ -11,11 +11,12 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
+import zlib
 from typing import Any
 
 import torch
 
-from edgetorch.errors import ETDumpFormatError, artifact_io_error
+from edgetorch.errors import ArtifactMismatchError, ETDumpFormatError, artifact_io_error
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, contiguous_strides
 
@@ -53,7 +54,11 @@ class DebugBuffer:
             self._buf = source if not isinstance(source, memoryview) else source.cast("B")
         else:
             raise TypeError(f"DebugBuffer expects a path or bytes, got {type(source).__name__}")
-        self.size = len(self._buf) if not isinstance(self._buf, memoryview) else self._buf.nbytes
+        file_size = len(self._buf) if not isinstance(self._buf, memoryview) else self._buf.nbytes
+        #: the identity of the recording that wrote this buffer (None: written before trailers existed)
+        self.trailer = ed.read_trailer(self._buf, file_size, self.path)
+        self.size = self.trailer.data_bytes if self.trailer is not None else file_size
+        self._verified: str | None = None  # the run id this buffer was checked against
 
     def _fail(self, msg: str, fld: str) -> ETDumpFormatError:
         where = self.path or "debug buffer"
@@ -111,13 +116,47 @@ class DebugBuffer:
             return v.string_value
         return None
 
-    def check(self, etdump: ed.ETDump) -> None:
-        """Checks that this buffer is at least as long as the ETDump says and that every stored tensor of the
-        ETDump lies inside it; raises ``ETDumpFormatError`` on the first problem."""
+    def _check_size(self, etdump: ed.ETDump) -> None:
         if self.size < etdump.debug_buffer_bytes:
             raise self._fail(f"the debug buffer has {self.size} bytes but the ETDump was recorded with "
                              f"{etdump.debug_buffer_bytes}: truncated, or not the buffer of this ETDump",
                              "debug_buffer_bytes")
+
+    def check_identity(self, etdump: ed.ETDump) -> None:
+        """Refuses a buffer that this ETDump's recording did not write: its trailer must name the ETDump's
+        program and run id and hold the ETDump's number of data bytes, and the data must match the CRC-32 of
+        the trailer and of the ETDump. ``ArtifactMismatchError`` for another program's or run's buffer (or a
+        file that is no debug buffer), ``ETDumpFormatError`` for corrupted data. An ETDump written before run
+        ids existed (empty ``run_id``) is not checked."""
+        self._check_size(etdump)
+        if not etdump.run_id or self._verified == etdump.run_id:
+            return
+        where = self.path or "debug buffer"
+        t = self.trailer
+        if t is None:
+            raise ArtifactMismatchError(f"{where} is not the debug buffer of this ETDump (recording {etdump.run_id}): "
+                                        "it has no edgetorch debug buffer trailer")
+        if t.program_hash != etdump.program_hash or t.run_id != etdump.run_id:
+            raise ArtifactMismatchError(
+                f"{where} was written by recording {t.run_id} of program {t.program_hash[:16]}…, but the ETDump is "
+                f"recording {etdump.run_id} of program {etdump.program_hash[:16]}…: pass the debug buffer written "
+                "together with this ETDump")
+        if t.data_bytes != etdump.debug_buffer_bytes:
+            raise ArtifactMismatchError(f"{where} holds {t.data_bytes} bytes of data, the ETDump was written with "
+                                        f"{etdump.debug_buffer_bytes}: the buffer and ETDump were written at "
+                                        "different times")
+        crc = zlib.crc32(memoryview(self._buf)[:t.data_bytes])
+        if crc != t.crc32 or etdump.debug_buffer_crc32 not in (-1, crc):
+            raise self._fail(f"the data does not match its CRC-32 (trailer {t.crc32:08x}, ETDump "
+                             f"{etdump.debug_buffer_crc32 & 0xFFFFFFFF:08x}, data {crc:08x}): the file is corrupted",
+                             "debug_buffer_crc32")
+        self._verified = etdump.run_id
+
+    def check(self, etdump: ed.ETDump) -> None:
+        """Checks that this buffer was written with ``etdump`` (``check_identity``), is at least as long as the
+        ETDump says and that every stored tensor of the ETDump lies inside it; raises ``ETDumpFormatError`` (or
+        ``ArtifactMismatchError``) on the first problem."""
+        self.check_identity(etdump)
         for i, run in enumerate(etdump.run_data):
             for j, e in enumerate(run.events):
                 d = e.debug_event

@@ -15,7 +15,7 @@ from edgetorch._fileio import atomic_write
 from edgetorch.devtools.etrecord import _archive as ar
 from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_program, reference_from_program
 from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
-from edgetorch.errors import ETRecordError
+from edgetorch.errors import ETRecordError, MethodNotFoundError
 
 log = logging.getLogger(__name__)
 _FROM_FILE = object()  # cache key of a view loaded from the file's compact entry
@@ -224,7 +224,9 @@ class ETRecord:
         try:
             return self._edge_programs[method]
         except KeyError:
-            raise KeyError(f"ETRecord has no edge program for method {method!r}; methods: {self.methods}") from None
+            # a KeyError too; typed, as the name may come from a corrupted ETDump
+            raise MethodNotFoundError(f"ETRecord has no edge program for method {method!r}; methods: "
+                                      f"{self.methods}") from None
 
     # -- compact views: reference graph and handle table -----------------------------------------------------------
     def _view_key(self, role: str, method: str) -> Any:

@@ -65,6 +65,7 @@ class Inspector:
             from edgetorch.devtools.etdump import DebugBuffer
 
             self._debug_buffer = DebugBuffer(debug_buffer_path)
+            self._debug_buffer.check_identity(self._etdump)  # refuses another program's or recording's buffer
         self._has_tensor_data = any(
             e.debug_event is not None and e.debug_event.debug_entry.val in (ed.ValueType.Tensor,
                                                                             ed.ValueType.TensorList)

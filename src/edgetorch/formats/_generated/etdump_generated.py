@@ -800,8 +800,22 @@ class ETDump(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         return o == 0
 
+    # ETDump
+    def RunId(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # ETDump
+    def DebugBufferCrc32(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return -1
+
 def ETDumpStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(6)
 
 def ETDumpAddVersion(builder, version):
     builder.PrependUint32Slot(0, version, 0)
@@ -817,6 +831,12 @@ def ETDumpAddRunData(builder, runData):
 
 def ETDumpStartRunDataVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
+
+def ETDumpAddRunId(builder, runId):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(runId), 0)
+
+def ETDumpAddDebugBufferCrc32(builder, debugBufferCrc32):
+    builder.PrependInt64Slot(5, debugBufferCrc32, -1)
 
 def ETDumpEnd(builder):
     return builder.EndObject()
