@@ -324,16 +324,29 @@ class _Stats:
 
     def add(self, ref: torch.Tensor, local: torch.Tensor, rt: torch.Tensor, comparator: Any) -> None:
         ref, local, rt = ref.detach(), local.detach(), rt.detach().reshape(ref.shape).to(ref.dtype)
-        self.gaps.append(float(comparator.compare(ref, rt)))
-        self.local_gaps.append(float(comparator.compare(local, rt)))
-        r, lo, x = ref.double(), local.double(), rt.double()
-        self.signal += float((r * r).sum())
-        self.noise += float(((r - x) ** 2).sum())
-        self.local_signal += float((lo * lo).sum())
-        self.local_noise += float(((lo - x) ** 2).sum())
+        noise, local_noise = _sq(ref - rt), _sq(local - rt)
+        if getattr(comparator, "name", None) == "MSE":  # the sums above already hold it
+            n = max(1, ref.numel())
+            self.gaps.append(noise / n)
+            self.local_gaps.append(local_noise / n)
+        else:
+            self.gaps.append(float(comparator.compare(ref, rt)))
+            self.local_gaps.append(float(comparator.compare(local, rt)))
+        self.signal += _sq(ref)
+        self.noise += noise
+        self.local_signal += _sq(local)
+        self.local_noise += local_noise
         self.elements += ref.numel()
         if self.first is None:
             self.first = (ref, rt)
+
+
+def _sq(x: torch.Tensor) -> float:
+    """The sum of squares of ``x`` (a float32 dot product, accumulated in float64 for other dtypes)."""
+    flat = x.reshape(-1)
+    if flat.dtype != torch.float32:
+        flat = flat.double()
+    return float(torch.dot(flat, flat))
 
 
 def _sqnr(signal: float, noise: float) -> float:
@@ -434,9 +447,9 @@ def _weight_error(fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, chain: l
     wq = _const_eval(qgm, g.weight_dequant)
     if not isinstance(wq, torch.Tensor) or wq.shape != w.shape:
         return None, None
-    w, wq = w.detach().double(), wq.detach().double()
-    noise = float(((w - wq) ** 2).sum())
-    return _sqnr(float((w * w).sum()), noise), noise / max(1, w.numel())
+    w, wq = w.detach().float(), wq.detach().float()
+    noise = _sq(w - wq)
+    return _sqnr(_sq(w), noise), noise / max(1, w.numel())
 
 
 def _table(stats: dict[int, _Stats], chains: dict[int, list[torch.fx.Node]], groups: dict[int, _Group],
