@@ -35,78 +35,73 @@ def _partitioners(backend: str) -> tuple[list, str]:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
+    from edgetorch.cli._table import Steps, print_culprits, print_gap_table, table_console
     from edgetorch.devtools import Inspector
     from edgetorch.devtools.report import write_report
     from edgetorch.exir import to_edge_transform_and_lower
     from edgetorch.models import get_model
     from edgetorch.runtime import Runtime
 
-    console = Console()
+    console = table_console()
     os.makedirs(args.out, exist_ok=True)
     paths = {k: os.path.join(args.out, v) for k, v in
              {"pte": "model.pte", "etrecord": "etrecord.bin", "etdump": "etdump.etdp",
               "debug": "debug_buffer.bin", "report": "report.html"}.items()}
     partitioners, backend = _partitioners(args.backend)
-    with console.status("[bold]building the model") as status:
+    with Steps(console, total=7) as steps:
+        steps.next(f"building the model {args.model}")
         model, inputs = get_model(args.model)
-        status.update("[bold]torch.export")
+        steps.next("torch.export")
         aten = torch.export.export(model, inputs)
-        status.update(f"[bold]to_edge_transform_and_lower ({backend})")
+        steps.next(f"to_edge_transform_and_lower ({backend})")
         epm = to_edge_transform_and_lower(aten, partitioner=partitioners, generate_etrecord=True)
-        status.update("[bold]to_executorch")
+        steps.next("to_executorch, saving the program and the ETRecord")
         et = epm.to_executorch()
         et.save(paths["pte"])
         etrecord = et.get_etrecord()
         etrecord.update_representative_inputs(inputs)
         etrecord.save(paths["etrecord"])
-        status.update("[bold]running with ETDump and a debug buffer")
+        steps.next("running with ETDump and a debug buffer")
         program = Runtime.get().load_program(paths["pte"], enable_etdump=True, debug_buffer_size="auto")
         runtime_out = program.load_method("forward").execute(*inputs)
         program.write_etdump_result_to_file(paths["etdump"], paths["debug"])
         with torch.no_grad():
             eager_out = model(*inputs)
-        status.update("[bold]computing numeric gaps")
+        steps.next("computing numeric gaps (re-running the reference op by op)")
         inspector = Inspector(etdump_path=paths["etdump"], etrecord=paths["etrecord"],
                               debug_buffer_path=paths["debug"])
         df = inspector.calculate_numeric_gap(args.distance)
-    r = runtime_out[0] if isinstance(runtime_out, (list, tuple)) else runtime_out
-    e = eager_out[0] if isinstance(eager_out, (list, tuple)) else eager_out
-    mse = torch.mean((e.double() - r.double()) ** 2).item()
+        steps.next("writing the HTML report")
+        culprits = _culprits(inspector, df)
+        cov = inspector.last_gap_coverage
+        r = runtime_out[0] if isinstance(runtime_out, (list, tuple)) else runtime_out
+        e = eager_out[0] if isinstance(eager_out, (list, tuple)) else eager_out
+        mse = torch.mean((e.double() - r.double()) ** 2).item()
+        write_report(paths["report"], df, inspector.to_dataframe(), title=f"edgetorch: {args.model} on {backend}",
+                     summary={"model": args.model, "backend": backend, "final output MSE": f"{mse:.3e}",
+                              "coverage": cov.summary(), "program": paths["pte"]},
+                     etrecord=inspector.etrecord, culprits=culprits)
     close = torch.allclose(e, r, rtol=1e-3, atol=1e-5)
-    console.print(f"[bold]{args.model}[/] on [bold]{backend}[/]: final output MSE {mse:.3e} "
-                  f"({'match' if close else 'differ'} at rtol=1e-3, atol=1e-5)")
-    table = Table(title=f"numeric gap ({args.distance}) per op, execution order")
-    for c in ("#", "aot_ops", "runtime_ops", "gap", "local_gap", "source"):
-        table.add_column(c, overflow="fold")
-
-    def num(v):
-        v = v[0] if isinstance(v, list) else v
-        return "" if v is None else f"{v:.3e}"
-
-    for i, row in df.head(args.rows).iterrows():
-        table.add_row(str(i), ", ".join(row["aot_ops"])[:60], ", ".join(row["runtime_ops"])[:50], num(row["gap"]),
-                      num(row["local_gap"]), str(row["source"])[-70:])
-    console.print(table)
-    if len(df) > args.rows:
-        console.print(f"... {len(df) - args.rows} more rows (see the report)")
-    cov = inspector.last_gap_coverage
-    console.print(cov.summary())
+    console.print(f"{args.model} on {backend}: final output MSE {mse:.3e} "
+                  f"({'match' if close else 'differ'} at rtol=1e-3, atol=1e-5)", highlight=False, markup=False)
+    print_gap_table(console, df, f"numeric gap ({args.distance}) per op, execution order", args.rows,
+                    "see the report")
+    console.print(cov.summary(), highlight=False, markup=False)
     if df.attrs.get("observer_effect") is not None:
         from edgetorch.cli.inspect import observer_effect_line
 
         console.print(observer_effect_line(df.attrs["observer_effect"]), highlight=False)
-    culprits = inspector.find_culprits(df, top=3)
-    for _, row in culprits.iterrows():
-        g = row["local_gap"][0]
-        if g:
-            console.print(f"adds most error: {', '.join(row['aot_ops'])} (local {args.distance} {g:.3e}) at "
-                          f"{row['source']}")
-    profile = inspector.to_dataframe()
-    write_report(paths["report"], df, profile, title=f"edgetorch: {args.model} on {backend}",
-                 summary={"model": args.model, "backend": backend, "final output MSE": f"{mse:.3e}",
-                          "coverage": cov.summary(), "program": paths["pte"]})
-    console.print(f"report: {paths['report']}")
+    print_culprits(console, df, culprits, args.distance)
+    console.print(f"report: {paths['report']}", highlight=False, markup=False)
     return 0
+
+
+def _culprits(inspector: object, df: object) -> object:
+    """``find_culprits`` over the whole table (None when it cannot rank this table)."""
+    from edgetorch.errors import EdgeTorchError
+
+    try:
+        return inspector.find_culprits(df, top=10)  # type: ignore[attr-defined]
+    except EdgeTorchError:
+        return None

@@ -2,7 +2,10 @@
 
     edgetorch inspect --etdump etdump.etdp [--etrecord etrecord.bin]              # profile table
     edgetorch inspect --etdump etdump.etdp --etrecord etrecord.bin --debug-buffer debug_output.bin --gap MSE
-                      [--tsv gaps.tsv] [--report report.html] [--method forward]
+                      [--tsv gaps.tsv] [--report report.html] [--model-explorer-json nodes.json] [--method forward]
+
+The gap table prints gaps in scientific notation, source lines with their file name, and the culprits (ops
+adding error beyond their rounding noise); ``--report`` adds the edge graph (``edgetorch.devtools.report``).
 
 Exit status: 0 success, 2 bad arguments or unreadable/mismatched artifacts.
 """
@@ -33,7 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run", type=int, default=0, help="which recorded execution to analyse (default 0)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print (default 40; 0 = all)")
     p.add_argument("--tsv", default=None, help="also write the table (profile or gaps) as TSV")
-    p.add_argument("--report", default=None, help="write the HTML report (gap chart, gap table, profile)")
+    p.add_argument("--report", default=None, help="write the HTML report (culprits, edge graph, gap table, profile)")
+    p.add_argument("--model-explorer-json", dest="model_explorer_json", metavar="PATH", default=None,
+                   help="with --gap: write the per-node values as Model Explorer node data (overlay them on the "
+                        "ATen program's graph there)")
 
 
 def _check_input(path: str | None, flag: str) -> None:
@@ -50,16 +56,6 @@ def _check_output(path: str | None, flag: str) -> None:
         check_output_path(path, flag)
 
 
-def _num(v: Any) -> str:
-    v = v[0] if isinstance(v, (list, tuple)) and v else v
-    if v is None or isinstance(v, (list, tuple)):
-        return ""
-    try:
-        return f"{float(v):.3e}"
-    except (TypeError, ValueError):
-        return str(v)
-
-
 def observer_effect_line(effect: float) -> str:
     """One line on how much exposing delegate intermediates changed the delegate's final outputs."""
     from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
@@ -69,17 +65,6 @@ def observer_effect_line(effect: float) -> str:
                 "intermediates changed what it computes; inside-delegate rows show the observed variant")
     return (f"observer effect {effect:.3g} relative (<= {OBSERVER_EFFECT_TOLERANCE:g}): the delegate computes the "
             "same with its intermediates exposed")
-
-
-def _ops(v: Any, width: int) -> str:
-    s = ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-    return s if len(s) <= width else s[:width - 1] + "…"
-
-
-def _source(s: Any) -> str:
-    s = str(s or "")
-    head, sep, rest = s.partition(" in ")
-    return os.path.basename(head) + sep + rest if sep else s
 
 
 def _gap_tsv(df: Any) -> bytes:
@@ -109,11 +94,11 @@ def _main(args: argparse.Namespace) -> int:
         raise CliError(f"--run must be >= 0, got {args.run}")
     _check_output(args.tsv, "--tsv")
     _check_output(args.report, "--report")
+    _check_output(args.model_explorer_json, "--model-explorer-json")
+    if args.model_explorer_json and args.gap is None:
+        raise CliError("--model-explorer-json needs --gap (the per-op values it exports)")
 
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
+    from edgetorch.cli._table import Steps, print_culprits, print_gap_table, table_console
     from edgetorch.devtools.inspector import Inspector
     from edgetorch.errors import EdgeTorchError
 
@@ -121,13 +106,11 @@ def _main(args: argparse.Namespace) -> int:
         import logging  # the profile needs no tensors: do not warn that the debug buffer is missing
 
         logging.getLogger("edgetorch.devtools.inspector.inspector").setLevel(logging.ERROR)
-    console = Console()
-    if not console.is_terminal:  # piped / captured: wide enough for the tables, no wrapping of short columns
-        console = Console(width=160)
-    err = Console(stderr=True)
-    status_console = err if not console.is_terminal else console
+    console = table_console()  # piped / captured: wide enough for the tables
+    steps = Steps(console, total=1 + (args.gap is not None) + bool(args.report))
     try:
-        with status_console.status("[bold]reading the ETDump" + (" and the ETRecord" if args.etrecord else "")):
+        with steps:
+            steps.next("reading the ETDump" + (" and the ETRecord" if args.etrecord else ""))
             inspector = Inspector(etdump_path=args.etdump, etrecord=args.etrecord,
                                   debug_buffer_path=args.debug_buffer)
     except (EdgeTorchError, OSError) as e:
@@ -139,7 +122,7 @@ def _main(args: argparse.Namespace) -> int:
     if method is None:
         method = "forward" if "forward" in methods or not methods else methods[0]
 
-    gap_df = None
+    gap_df, culprits = None, None
     if args.gap is not None:
         inputs = None
         rec = inspector.etrecord
@@ -149,35 +132,20 @@ def _main(args: argparse.Namespace) -> int:
         if idx is not None and args.run == 0 and idx < len(reps):
             inputs = reps[idx]  # the run used bundled test case `idx`: compare against the same inputs
         try:
-            with status_console.status(f"[bold]computing {args.gap} numeric gaps of '{method}' (re-running the "
-                                       "reference graph op by op)"):
+            with steps:
+                steps.next(f"computing {args.gap} numeric gaps of '{method}' (re-running the reference graph op by "
+                           "op)")
                 gap_df = inspector.calculate_numeric_gap(args.gap, method=method, run=args.run, inputs=inputs)
         except EdgeTorchError as e:
             raise CliError(str(e)) from None
-        table = Table(title=f"numeric gap ({args.gap}) per op of '{method}', execution order")
-        for c in ("#", "aot_ops", "runtime_ops", "gap", "local_gap", "source"):
-            table.add_column(c, overflow="fold", no_wrap=c in ("#", "gap", "local_gap"))
-        shown = gap_df if args.rows <= 0 else gap_df.head(args.rows)
-        for i, row in shown.iterrows():
-            table.add_row(str(i), escape(_ops(row["aot_ops"], 60)), escape(_ops(row["runtime_ops"], 50)),
-                          _num(row["gap"]), _num(row["local_gap"]), escape(_source(row["source"])[:80]))
-        console.print(table)
-        if len(gap_df) > len(shown):
-            console.print(f"... {len(gap_df) - len(shown)} more rows (--rows 0 shows all)")
+        print_gap_table(console, gap_df, f"numeric gap ({args.gap}) per op of '{method}', execution order",
+                        args.rows, "--rows 0 shows all")
         if inspector.last_gap_coverage is not None:
-            console.print(inspector.last_gap_coverage.summary())
+            console.print(inspector.last_gap_coverage.summary(), highlight=False, markup=False)
         if gap_df.attrs.get("observer_effect") is not None:
             console.print(observer_effect_line(gap_df.attrs["observer_effect"]), highlight=False)
-        top = inspector.find_culprits(gap_df, top=5)
-        lines = [f"  {_ops(r['aot_ops'], 60)}: local {args.gap} {_num(r['local_gap'])}, accumulated "
-                 f"{_num(r['gap'])}" + (f" at {_source(r['source'])}" if r["source"] else "")
-                 for _, r in top.iterrows() if _num(r["local_gap"]) not in ("", "0.000e+00")]
-        if lines:
-            console.print("ops adding the most error (local gap):")
-            for line in lines:
-                console.print(line, highlight=False, markup=False)
-        else:
-            console.print("no op adds error of its own (every local gap is 0 or unavailable)")
+        culprits = _culprits(inspector, gap_df)
+        print_culprits(console, gap_df, culprits, args.gap)
     else:
         inspector.print_data_tabular(file=sys.stdout)
 
@@ -193,17 +161,36 @@ def _main(args: argparse.Namespace) -> int:
         if args.report:
             from edgetorch.devtools.report import write_report
 
-            with status_console.status("[bold]writing the HTML report"):
+            with steps:
+                steps.next("writing the HTML report")
                 summary = {"ETDump": args.etdump, "ETRecord": args.etrecord or "", "method": method}
                 if gap_df is not None and inspector.last_gap_coverage is not None:
                     summary["coverage"] = inspector.last_gap_coverage.summary()
                 write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
                              title=f"edgetorch inspect: {os.path.basename(args.etdump)}",
-                             generation_df=_generation_gaps(inspector, args.gap) if gap_df is not None else None)
-            console.print(f"report written to {args.report}")
+                             generation_df=_generation_gaps(inspector, args.gap) if gap_df is not None else None,
+                             etrecord=inspector.etrecord if gap_df is not None else None,
+                             culprits=culprits if gap_df is not None else None)
+            console.print(f"report written to {args.report}", highlight=False, markup=False)
+        if args.model_explorer_json and gap_df is not None:
+            from edgetorch.devtools.model_explorer import write_node_data
+
+            write_node_data(args.model_explorer_json, gap_df)
+            console.print(f"Model Explorer node data written to {args.model_explorer_json}", highlight=False,
+                          markup=False)
     except OSError as e:
         raise CliError(f"cannot write output: {e.strerror or e}: {e.filename or ''}") from None
     return EXIT_OK
+
+
+def _culprits(inspector: Any, gap_df: Any) -> Any:
+    """``find_culprits`` over the whole table (None when it cannot rank this table)."""
+    from edgetorch.errors import EdgeTorchError
+
+    try:
+        return inspector.find_culprits(gap_df, top=10)
+    except EdgeTorchError:
+        return None
 
 
 def _generation_gaps(inspector: Any, distance: str) -> Any:

@@ -50,8 +50,8 @@ from ._charts import (
 )
 from ._graph import NodeStyle, graph_html
 
-__all__ = ["ReportError", "culprit_rows", "gap_chart_svg", "generation_chart_svg", "profile_chart_svg",
-           "samples_chart_svg", "write_report"]
+__all__ = ["ReportError", "culprit_rows", "gap_chart_svg", "generation_chart_svg", "is_scaled", "profile_chart_svg",
+           "row_colours", "samples_chart_svg", "write_report"]
 
 log = logging.getLogger(__name__)
 SCALE = ("rel_error", "local_rel_error", "noise_floor", "verdict")
@@ -105,6 +105,17 @@ def _span(df: pd.DataFrame) -> tuple[float, float]:
     return (math.log10(min(pos)), math.log10(max(pos))) if pos else (0.0, 0.0)
 
 
+def is_scaled(df: pd.DataFrame) -> bool:
+    """Whether the gap table has the scale-aware columns (``local_rel_error``, ``noise_floor``, ``verdict``)."""
+    return all(c in df for c in ("local_rel_error", "noise_floor", "verdict"))
+
+
+def row_colours(df: pd.DataFrame) -> list[str]:
+    """The fill colour of each row of a gap table, as the report draws its node (see the module docstring)."""
+    exact, scaled, span = _exact(df), is_scaled(df), _span(df)
+    return [_severity(row, exact[k], scaled, span)[0] for k, (_, row) in enumerate(df.iterrows())]
+
+
 def _legend(scaled: bool) -> str:
     items = ([("#e9ecef", "exact"), ("#b2f2bb", "within rounding noise"), ("#ffc078", "beyond noise (×1)"),
               (_mix("#ffc078", "#c92a2a", 0.5), "×100"), ("#c92a2a", "×10⁴ the noise floor")] if scaled else
@@ -120,20 +131,25 @@ def _legend(scaled: bool) -> str:
 # -- culprits ------------------------------------------------------------------------------------------------
 
 def culprit_rows(df: pd.DataFrame, culprits: pd.DataFrame | None = None) -> list[Any]:
-    """Index labels of the culprit rows, worst first: ``culprits`` (a ``find_culprits`` result) when given;
-    else rows whose ``verdict`` is ``"real"`` ranked by local error over noise floor (``DELEGATE_CALL`` rows
-    only when no inner row of theirs is real); none when the table has no ``verdict`` column."""
-    if culprits is not None:
-        return [i for i in culprits.index if i in df.index]
+    """Index labels of the culprit rows, worst first: ``culprits`` (a ``find_culprits`` result) when given,
+    else ``inspector.culprits.find_culprits(df)``; only rows whose ``verdict`` is ``"real"`` (beyond noise)
+    are kept, and none when the table has no ``verdict`` column (no noise scale: nothing to call a culprit)."""
     if "verdict" not in df:
         return []
-    real = df[df["verdict"] == "real"]
-    inner = real[real["runtime_ops"].apply(lambda ops: list(ops) != ["DELEGATE_CALL"])]
-    calls = real.drop(inner.index)
-    keep = [i for i in calls.index if not (inner["in_delegate_call"] == calls.at[i, "instruction_id"]).any()] \
-        if "in_delegate_call" in real else list(calls.index)
-    rows = list(inner.index) + keep
-    return sorted(rows, key=lambda i: -(_ratio(df.loc[i]) or math.inf))
+    if culprits is None:
+        culprits = _find_culprits(df)
+    real = df["verdict"] == "real"
+    return [i for i in culprits.index if i in df.index and real.loc[i]]
+
+
+def _find_culprits(df: pd.DataFrame) -> pd.DataFrame:
+    try:
+        from edgetorch.devtools.inspector.culprits import find_culprits
+
+        return find_culprits(df, top=len(df))
+    except (ImportError, EdgeTorchError):  # a table without the columns find_culprits needs
+        real = df[df["verdict"] == "real"]
+        return real.loc[sorted(real.index, key=lambda i: -(_ratio(df.loc[i]) or math.inf))]
 
 
 def _culprit_section(df: pd.DataFrame, order: list[int], node_of: dict[int, str], scaled: bool) -> str:
@@ -342,7 +358,7 @@ def _gap_sections(df: pd.DataFrame, culprits: pd.DataFrame | None, graph: EdgeGr
     attrs = dict(df.attrs)
     df = df.reset_index(drop=True)
     df.attrs.update(attrs)
-    scaled = all(c in df for c in ("local_rel_error", "noise_floor", "verdict"))
+    scaled = is_scaled(df)
     culprit_pos = set(order)
     distance = df.attrs.get("distance", "gap")
     node_of: dict[int, str] = {}
