@@ -23,7 +23,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +35,8 @@ from edgetorch.errors import InspectorError
 from edgetorch.export import ExportRecipe, export
 from edgetorch.export.recipe import RecipeType
 
-__all__ = ["FallbackReport", "QuantizedRun", "cosine_to_float", "fp32_recipe_of", "inspect_quantized",
-           "run_latency_ms", "selective_fallback"]
+__all__ = ["FallbackReport", "QuantizedRun", "coarsen_weight", "cosine_to_float", "fp32_recipe_of",
+           "inspect_quantized", "quantize_pt2e_program", "run_latency_ms", "selective_fallback"]
 
 _FUSED_ACTIVATIONS = {"aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default"}
 _WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}
@@ -121,6 +121,53 @@ def inspect_quantized(et: Any, samples: Sequence[tuple], distance: str = "MSE",
         inspector = Inspector(etdump_path=paths[1], etrecord=paths[0], debug_buffer_path=paths[2])
         table = inspector.calculate_numeric_gap(distance, reference_graph="float")
     return QuantizedRun(et, table, outputs, inspector)
+
+
+def quantize_pt2e_program(model: torch.nn.Module, samples: Sequence[tuple], quantizer: Any,
+                          partitioner: Sequence[Any] | None = None,
+                          edit: Callable[[torch.fx.GraphModule], None] | None = None) -> Any:
+    """The lower-level PT2E path with the float reference: ``capture_float_program`` -> ``prepare_pt2e`` ->
+    calibrate on ``samples`` -> ``convert_pt2e`` -> ``edit(converted)`` (optional, e.g. :func:`coarsen_weight`)
+    -> ``to_edge_transform_and_lower(..., generate_etrecord=True)`` -> ``to_executorch``; the ETRecord gets the
+    float program (``add_float_reference``). Returns the ExecutorchProgramManager."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgetorch.exir import to_edge_transform_and_lower
+    from edgetorch.export.quantizer import capture_float_program
+    from edgetorch.export.stages import _drop_unused_attributes
+
+    samples = [tuple(s) for s in samples]
+    float_ep = capture_float_program(model, samples[0])
+    prepared = prepare_pt2e(float_ep.module(), quantizer)
+    with torch.no_grad():
+        for s in samples:
+            prepared(*s)
+    converted = _drop_unused_attributes(convert_pt2e(prepared))  # no dead float weights in the .pte
+    if edit is not None:
+        edit(converted)
+    ep = torch.export.export(converted, samples[0])
+    et = to_edge_transform_and_lower(ep, partitioner=list(partitioner or []) or None,
+                                     generate_etrecord=True).to_executorch()
+    et.get_etrecord().add_float_reference(float_ep)
+    return et
+
+
+def coarsen_weight(converted: torch.fx.GraphModule, node_name: str, factor: float = 8.0) -> None:
+    """Re-quantizes the int8 weight of the op ``node_name`` of a ``convert_pt2e`` module with a ``factor`` times
+    larger scale (a badly quantized layer: ``log2(factor)`` bits of weight precision lost), in place."""
+    node = next((n for n in converted.graph.nodes if n.name == node_name), None)
+    dq = node.args[1] if node is not None and len(node.args) > 1 else None
+    if not isinstance(dq, torch.fx.Node) or "dequantize" not in str(dq.target) or dq.args[0].op != "get_attr":
+        raise InspectorError(f"node_name {node_name!r}: no op of the converted module reads a dequantized "
+                             "int8 weight under that name")
+    w = getattr(converted, dq.args[0].target)
+    setattr(converted, dq.args[0].target, torch.round(w.float() / factor).clamp(-127, 127).to(w.dtype))
+    scale = dq.args[1]
+    if isinstance(scale, torch.fx.Node):
+        setattr(converted, scale.target, getattr(converted, scale.target) * factor)
+    else:
+        dq.args = (dq.args[0], float(scale) * factor, *dq.args[2:])
+    converted.recompile()
 
 
 def fp32_recipe_of(recipe_type: RecipeType) -> RecipeType:

@@ -1,0 +1,216 @@
+"""Quantization debugging against the float model (``reference_graph="float"``), checked against independent
+computations: the converted PT2E module run eagerly (the portable runtime runs the same Q/DQ and float kernels)
+and the float model run eagerly, with the statistics recomputed here in float64 from their definitions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.fx.interpreter import Interpreter
+
+from edgetorch.devtools import Inspector
+from edgetorch.devtools.etrecord import parse_etrecord
+from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+from edgetorch.devtools.quant_fallback import (
+    coarsen_weight,
+    inspect_quantized,
+    quantize_pt2e_program,
+    selective_fallback,
+)
+from edgetorch.errors import InspectorError
+from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, StageType, export
+from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, float_handle
+from edgetorch.runtime import Runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+INT8 = PortableRecipeType.INT8_STATIC_PER_TENSOR
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def _samples(n: int = 3) -> list[tuple]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(2, 16, generator=g),) for _ in range(n)]
+
+
+def _values(gm: torch.fx.GraphModule, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+
+    class _Rec(Interpreter):
+        def run_node(self, n):  # noqa: ANN001, ANN202
+            out[n.name] = v = super().run_node(n)
+            return v
+
+    with torch.no_grad():
+        _Rec(gm).run(x)
+    return out
+
+
+def _downstream(gm: torch.fx.GraphModule, name: str) -> str:
+    """The name of the dequantize after the quantize of node ``name`` in a converted module."""
+    node = next(n for n in gm.graph.nodes if n.name == name)
+    (q,) = [u for u in node.users if "quantize_per_tensor" in str(u.target)]
+    (dq,) = [u for u in q.users if "dequantize" in str(u.target)]
+    return dq.name
+
+
+def _mse(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a.double() - b.double()) ** 2).mean())
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory):  # noqa: ANN001, ANN201
+    model, samples = _Mlp().eval(), _samples()
+    session = export(model, samples, ExportRecipe.get_recipe(INT8), generate_etrecord=True)
+    run = inspect_quantized(session.get_executorch_program_manager(), samples)
+    return model, samples, session, run
+
+
+def test_the_float_program_travels_in_the_etrecord(portable, tmp_path) -> None:  # noqa: ANN001
+    model, samples, session, _ = portable
+    path = tmp_path / "q.etrecord"
+    session.get_etrecord().save(path)
+    rec = parse_etrecord(path)
+    assert "float/forward" in rec.graph_map
+    with torch.no_grad():
+        assert torch.equal(rec.graph_map["float/forward"].module()(*samples[0]), model(*samples[0]))
+    # every quantized matmul maps to its float linear through the numeric debug handle
+    float_linears = {float_handle(n): n.name for n in rec.graph_map["float/forward"].graph.nodes
+                     if n.target == torch.ops.aten.linear.default}
+    edge = rec.edge_reference_graph("forward")
+    mapped = {float_handle(n) for n in edge.graph.nodes if n.target == torch.ops.aten.addmm.default}
+    assert len(float_linears) == 3 and mapped == set(float_linears)
+
+
+def test_float_gap_matches_independent_computation(portable) -> None:  # noqa: ANN001
+    model, samples, session, run = portable
+    df = run.table.set_index(run.table["aot_ops"].map(lambda ops: ops[0]))
+    assert df.attrs["samples"] == 3 and (df["samples"] == 3).all()
+    gm = session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
+    relu_dq = _downstream(gm, "relu")
+    per: dict[str, list[float]] = {"relu": [], "linear_1": []}
+    sig = noise = 0.0
+    for (x,) in samples:
+        v = _values(gm, x)
+        with torch.no_grad():
+            f_relu = torch.relu(model.fc1(x))
+            fc2_in = v[relu_dq]
+            local_fc2 = model.fc2(fc2_in)  # the float op fed the runtime's dequantized input
+        per["relu"].append(_mse(f_relu, v[relu_dq]))
+        per["linear_1"].append(_mse(local_fc2, v["linear_1"]))
+        sig += float((f_relu.double() ** 2).sum())
+        noise += float(((f_relu.double() - v[relu_dq].double()) ** 2).sum())
+    assert df.loc["relu", "gap"][0] == pytest.approx(sum(per["relu"]) / 3, rel=1e-4)
+    assert df.loc["linear_1", "local_gap"][0] == pytest.approx(sum(per["linear_1"]) / 3, rel=1e-3, abs=1e-12)
+    assert df.loc["relu", "sqnr_db"] == pytest.approx(10 * math.log10(sig / noise), abs=1e-3)
+    # weight error: the dequantized int8 weight of fc2 vs its float weight
+    dq_w = _values(gm, samples[0][0])[next(n for n in gm.graph.nodes if n.name == "linear_1").args[1].name]
+    w = model.fc2.weight.detach().double()
+    want = 10 * math.log10(float((w ** 2).sum()) / float(((w - dq_w.double()) ** 2).sum()))
+    assert df.loc["linear_1", "weight_sqnr_db"] == pytest.approx(want, abs=1e-3)
+    # TFLite's RMSE/scale of the fused fc1+relu output: local RMSE over the output scale
+    q = next(iter(next(n for n in gm.graph.nodes if n.name == "relu").users))
+    assert df.loc["relu", "output_scale"] == pytest.approx(float(q.args[1]))
+    assert 0.0 < df.loc["relu", "rmse_over_scale"] < 1.0
+
+
+def test_inspector_dispatch_and_culprit_ranking(portable) -> None:  # noqa: ANN001
+    _, _, _, run = portable
+    again = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    assert [g[0] for g in again["gap"]] == [g[0] for g in run.table["gap"]]
+    top = rank_quantization_culprits(run.table, top=2)
+    assert len(top) == 2 and top["local_sqnr_db"].is_monotonic_increasing
+
+
+def test_excluded_layer_adds_no_local_error() -> None:
+    model, samples = _Mlp().eval(), _samples(2)
+    session = export(model, samples, ExportRecipe.get_recipe(INT8, exclude_nodes=("linear_1",)),
+                     generate_etrecord=True)
+    df = inspect_quantized(session.get_executorch_program_manager(), samples).table
+    row = df[df["aot_ops"].map(lambda ops: ops[0]) == "linear_1"].iloc[0]
+    assert row["local_gap"][0] < 1e-10 and row["local_sqnr_db"] > 100
+    assert row["weight_sqnr_db"] is None or math.isnan(row["weight_sqnr_db"])
+    assert not row["quantized"]
+
+
+def test_lower_level_path_with_a_planted_bad_layer() -> None:
+    model, samples = _Mlp().eval(), _samples()
+    quantizer = SymmetricInt8Quantizer(SymmetricQuantizationConfig(per_channel=True))
+    plain = inspect_quantized(quantize_pt2e_program(model, samples, quantizer), samples).table
+    et = quantize_pt2e_program(model, samples, SymmetricInt8Quantizer(SymmetricQuantizationConfig()),
+                               edit=lambda gm: coarsen_weight(gm, "linear_1", 8.0))
+    planted = inspect_quantized(et, samples).table
+    by = {ops[0]: r for ops, (_, r) in zip(planted["aot_ops"], planted.iterrows())}
+    before = {ops[0]: r for ops, (_, r) in zip(plain["aot_ops"], plain.iterrows())}
+    # 3 bits of weight precision lost: about 18 dB less weight SQNR
+    assert before["linear_1"]["weight_sqnr_db"] - by["linear_1"]["weight_sqnr_db"] > 12
+    assert rank_quantization_culprits(planted, top=1)["aot_ops"].iloc[0][0] == "linear_1"
+
+
+def test_ort_rows_inside_the_delegate() -> None:
+    pytest.importorskip("onnxruntime")
+    model, samples = _Mlp().eval(), _samples(2)
+    session = export(model, samples, ExportRecipe.get_recipe(OrtRecipeType.INT8_STATIC_PER_TENSOR),
+                     generate_etrecord=True)
+    run = inspect_quantized(session.get_executorch_program_manager(), samples)
+    df = run.table
+    assert {ops[0] for ops in df["aot_ops"]} >= {"linear", "linear_1", "linear_2"}
+    last = df[df["aot_ops"].map(lambda ops: ops[0]) == "linear_2"].iloc[0]
+    with torch.no_grad():
+        want = sum(_mse(model(*s), out[0]) for s, out in zip(samples, run.outputs)) / len(samples)
+    assert last["gap"][0] == pytest.approx(want, rel=1e-4, abs=1e-12)
+
+
+def test_missing_float_program_is_a_typed_error(tmp_path) -> None:  # noqa: ANN001
+    model, samples = _Mlp().eval(), _samples(1)
+    session = export(model, samples, generate_etrecord=True)
+    et = session.get_executorch_program_manager()
+    rec = session.get_etrecord()
+    rec.save(tmp_path / "f.etrecord")
+    program = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    program.load_method("forward").execute(*samples[0])
+    program.write_etdump_result_to_file(tmp_path / "f.etdp", tmp_path / "f.bin")
+    inspector = Inspector(etdump_path=tmp_path / "f.etdp", etrecord=tmp_path / "f.etrecord",
+                          debug_buffer_path=tmp_path / "f.bin")
+    with pytest.raises(InspectorError, match="add_float_reference"):
+        inspector.calculate_numeric_gap("MSE", reference_graph="float")
+
+
+def test_selective_fallback_reports_each_step() -> None:
+    model, samples = _Mlp().eval(), _samples()
+    report = selective_fallback(model, samples, INT8, max_layers=2, latency_repeats=1)
+    steps = report.steps
+    assert list(steps["step"]) == [0, 1, 2] and steps["kept_float"].iloc[0] == []
+    assert 0 < len(steps["kept_float"].iloc[1]) < len(steps["kept_float"].iloc[2])
+    # step 0's cosine, recomputed from the converted module (what the portable runtime runs)
+    session = export(model, samples, ExportRecipe.get_recipe(INT8))
+    gm = session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
+    with torch.no_grad():
+        cos = [torch.nn.functional.cosine_similarity(model(*s).double().flatten(), gm(*s).double().flatten(),
+                                                     dim=0).item() for s in samples]
+    assert steps["cosine"].iloc[0] == pytest.approx(sum(cos) / len(cos), abs=1e-6)
+    assert steps["accuracy_recovered"].iloc[0] == 0.0 and (steps["latency_ms"] > 0).all()
+
+
+def test_example_runs() -> None:
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quantization_debugging.py"), "--models",
+                          "bert", "--samples", "2", "--fallback-layers", "1"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "which layer" in res.stdout and "kept in float" in res.stdout
