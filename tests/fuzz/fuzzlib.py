@@ -518,3 +518,23 @@ def _original(folder: str, kind: str) -> bytes:
 if __name__ == "__main__":
     a = sys.argv[1:]
     worker(a[0], a[1], int(a[2]), int(a[3]), int(a[4]), a[5])
+
+
+def reseal_etrecord(data: bytes) -> bytes:
+    """The ETRecord zip ``data`` with its ``manifest.json`` recomputed from the entries it now holds (what a
+    test that edits entries on purpose needs to reach the deeper checks; a corrupted file has a stale one)."""
+    import hashlib
+    import zlib
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w") as dst:
+        sums = {}
+        for info in src.infolist():
+            if info.filename == "manifest.json":
+                continue
+            body = src.read(info)
+            dst.writestr(info, body)
+            sums[info.filename] = f"crc32:{zlib.crc32(body):08x}" if info.filename.endswith(".bin") \
+                else "sha256:" + hashlib.sha256(body).hexdigest()
+        dst.writestr("manifest.json", json.dumps({"version": 1, "entries": sums}))
+    return out.getvalue()
