@@ -99,7 +99,7 @@ def _columns(width: int, scaled: bool) -> list[str]:
                                                                              "source"]
 
 
-_MIN = {"aot_ops": 12, "runtime_ops": 10, "gap": 9, "local_gap": 9, "rel_error": 9, "×noise": 6, "verdict": 7,
+_MIN = {"aot_ops": 10, "runtime_ops": 10, "gap": 9, "local_gap": 9, "rel_error": 9, "×noise": 6, "verdict": 7,
         "source": 16}
 _MAX = {"aot_ops": 40, "runtime_ops": 26}
 
@@ -123,7 +123,8 @@ def gap_table(df: Any, title: str, rows: int, console: Console) -> Table:
     for c in cols:
         right = c in ("#", "gap", "local_gap", "rel_error", "×noise")
         table.add_column(c, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
-                         min_width=_MIN.get(c, len(str(max(len(shown) - 1, 0)))), max_width=_MAX.get(c),
+                         min_width=_MIN.get(c, len(str(max(len(shown) - 1, 0)))),
+                         max_width=max(10, min(_MAX[c], console.width // 6)) if c in _MAX else None,
                          ratio=1 if c == "source" else None)
     for i, row in shown.iterrows():
         table.add_row(*_cells(i, row, cols))
