@@ -339,38 +339,30 @@ def _outcome_of(fn) -> tuple[str, object]:
         return "generic", f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def _check_pte(ctx: Context, kind: str, data: bytes) -> tuple[str, str]:
-    base = ctx.baseline[kind]
-    inputs = ctx.inputs[kind]
+def _verdict(status: str, r: object, base: list, data: bytes, orig: bytes, full: bool) -> tuple[str, str]:
+    if status in ("typed", "generic"):
+        return status, str(r)
+    if _same(r, base) and status == "ok":
+        return "same", ""
+    if full:
+        return "full-changed", status
+    fb_end = sum(struct.unpack_from("<QQ", orig, 16))
+    # hash bytes [48, 80) and the header padding are not read under InternalConsistency
+    if data[:48] == orig[:48] and data[80:fb_end] == orig[80:fb_end]:
+        return "ic-changed-weights", status  # Full catches these; InternalConsistency does not read the weights
+    if status == "resized":
+        return "ic-shape-disagreement", status  # a kernel computed a shape other than the planned one
+    return "ic-changed-program", status  # another valid program (an edited index or stride): Full catches these
+
+
+def _check_pte(ctx: Context, kind: str, data: bytes) -> tuple[str, str, str]:
+    """(verdict under Verification.Full, detail, verdict under InternalConsistency)."""
+    base, inputs, orig = ctx.baseline[kind], ctx.inputs[kind], ctx.originals[kind]
     status, r = _outcome_of(lambda: _run_pte(data, inputs, full=True))
-    if status in ("typed", "generic"):
-        full = status
-        detail = str(r)
-    else:
-        full = "same" if _same(r, base) and status == "ok" else "full-changed"
-        detail = status
+    full, detail = _verdict(status, r, base, data, orig, True)
     status, r = _outcome_of(lambda: _run_pte(data, inputs, full=False))
-    if status in ("typed", "generic"):
-        ic, detail2 = status, str(r)
-    elif _same(r, base) and status == "ok":
-        ic, detail2 = "same", ""
-    else:
-        orig = ctx.originals[kind]
-        fb_end = sum(struct.unpack_from("<QQ", orig, 16))
-        # hash bytes [48, 80) and the header padding are not read under InternalConsistency
-        same_structure = data[:48] == orig[:48] and data[80:fb_end] == orig[80:fb_end]
-        if same_structure:
-            ic = "ic-changed-weights"  # Full catches these; InternalConsistency does not read the weights
-        elif status == "resized":
-            ic = "ic-shape-disagreement"  # a kernel computed a shape other than the planned one
-        else:
-            ic = "ic-changed-program"  # another valid program (an edited index or stride): Full catches these
-        detail2 = status
-    # the worst of the two verdicts decides
-    order = ["generic", "full-changed", "ic-shape-disagreement", "typed", "ic-changed-program", "ic-changed-weights",
-             "same"]
-    worst = min((full, ic), key=order.index)
-    return worst, f"full={full} ic={ic} {detail if full != 'same' else ''} {detail2}".strip()
+    ic, detail2 = _verdict(status, r, base, data, orig, False)
+    return full, f"full: {detail} | ic: {detail2}", ic
 
 
 def _check_gaps(ctx: Context, kind: str, data: bytes) -> tuple[str, str]:
@@ -414,13 +406,14 @@ def _check_bpte(ctx: Context, data: bytes) -> tuple[str, str]:
     return "run-exit-3", f"exit {code}: {tail[0][:300]}"
 
 
-def check_mutant(ctx: Context, kind: str, data: bytes) -> tuple[str, str]:
-    """(outcome, detail) of one mutant of ``kind``."""
+def check_mutant(ctx: Context, kind: str, data: bytes) -> dict:
+    """``{"outcome", "detail"}`` of one mutant of ``kind`` (a program also gets ``"ic"``: its verdict under
+    InternalConsistency, ``"outcome"`` being the one under Full)."""
     if kind in ("pte", "pte_ort"):
-        return _check_pte(ctx, kind, data)
-    if kind == "bpte":
-        return _check_bpte(ctx, data)
-    return _check_gaps(ctx, kind, data)
+        full, detail, ic = _check_pte(ctx, kind, data)
+        return {"outcome": full, "ic": ic, "detail": detail}
+    outcome, detail = _check_bpte(ctx, data) if kind == "bpte" else _check_gaps(ctx, kind, data)
+    return {"outcome": outcome, "detail": detail}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -441,8 +434,7 @@ def worker(folder: str, kind: str, seed: int, start: int, stop: int, out_path: s
             data, what = mutate(kind, ctx.originals[kind], seed, i)
             out.write(json.dumps({"begin": i}) + "\n")
             out.flush()
-            outcome, detail = check_mutant(ctx, kind, data)
-            out.write(json.dumps({"i": i, "mutation": what, "outcome": outcome, "detail": detail}) + "\n")
+            out.write(json.dumps({"i": i, "mutation": what, **check_mutant(ctx, kind, data)}) + "\n")
 
 
 @dataclass
@@ -455,8 +447,13 @@ class Report:
         return Counter(r["outcome"] for r in self.results)
 
     @property
+    def ic_counts(self) -> Counter:
+        """Verdicts under InternalConsistency (programs only)."""
+        return Counter(r["ic"] for r in self.results if "ic" in r)
+
+    @property
     def failures(self) -> list[dict]:
-        return [r for r in self.results if r["outcome"] in FAILURES]
+        return [r for r in self.results if r["outcome"] in FAILURES or r.get("ic") in FAILURES]
 
 
 def _read_results(path: str) -> tuple[list[dict], int | None]:

@@ -34,6 +34,43 @@ def check_output_path(path: str, flag: str) -> None:
         raise CliError(f"cannot write {flag} {path}: directory {d} is not writable")
 
 
+def check_output_dir(path: str, flag: str) -> None:
+    """Fails early (before a long run) when the folder ``path`` cannot be created or written."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"{flag} {path} exists and is not a directory")
+    d = os.path.abspath(path)
+    while not os.path.exists(d):
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    if not os.path.isdir(d):
+        raise CliError(f"cannot create {flag} {path}: {d} is not a directory")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise CliError(f"cannot write {flag} {path}: directory {d} is not writable")
+
+
+def _user_error(e: BaseException) -> str | None:
+    """The one-line message of an exception caused by the user's files, paths or disk (exit status 2), or None
+    for anything else (a bug)."""
+    from edgetorch.errors import (
+        ArtifactIOError,
+        DebugBufferConfigError,
+        FormatError,
+        InspectorError,
+        MethodNotFoundError,
+        RuntimeInputError,
+    )
+
+    if isinstance(e, (FormatError, ArtifactIOError, DebugBufferConfigError, InspectorError, MethodNotFoundError,
+                      RuntimeInputError)):
+        return str(e)
+    if isinstance(e, OSError):  # disk full (errno 28), permission denied, ... while reading or writing a path
+        where = e.filename or ""
+        return f"{where + ': ' if where else ''}{e.strerror or e}"
+    return None
+
+
 def _fast_exit_allowed() -> bool:
     """True when this process is the ``edgetorch`` command itself (console script or ``python -m edgetorch``),
     not a Python program that called ``main()``; ``EDGETORCH_NO_FAST_EXIT=1`` turns it off."""
@@ -61,8 +98,9 @@ def exit_now(code: int) -> int:
 def guarded(main: Callable[[argparse.Namespace], int], args: argparse.Namespace,
             failures: dict[type[BaseException], int] | None = None) -> int:
     """Runs ``main(args)``: a ``CliError`` prints ``error: ...`` and gives exit status 2, an exception listed in
-    ``failures`` its status, an interrupt 130, any other exception one line and status 3 (``-v`` re-raises it,
-    traceback and all); then ends the process through ``exit_now``."""
+    ``failures`` its status, a user error (a malformed or mismatched artifact, a bad path, a full disk: an
+    ``OSError``) status 2, an interrupt 130, any other exception (a bug) one line saying so and status 3 (``-v``
+    re-raises it, traceback and all); then ends the process through ``exit_now``."""
     try:
         code = main(args)
     except CliError as e:
@@ -73,12 +111,17 @@ def guarded(main: Callable[[argparse.Namespace], int], args: argparse.Namespace,
         code = 130
     except Exception as e:
         status = next((s for t, s in (failures or {}).items() if isinstance(e, t)), None)
+        user = _user_error(e) if status is None else None
         if status is not None:
             print(f"error: {e}", file=sys.stderr)
             code = status
+        elif user is not None:
+            print(f"error: {user}", file=sys.stderr)
+            code = EXIT_BAD_INPUT
         else:
             if getattr(args, "verbose", False):
                 raise
-            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"error: internal error ({type(e).__name__}: {e}); this is a bug in edgetorch: please report it "
+                  "with the output of the same command run with -v", file=sys.stderr)
             code = EXIT_FAILED
     return exit_now(code)

@@ -33,7 +33,41 @@ def _partitioners(backend: str) -> tuple[list, str]:
     return [], "portable"
 
 
+_DISTANCES = ("MSE", "L1", "SNR", "COSINE", "MAX_ABS")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuses bad arguments before any work starts (exit status 2)."""
+    from edgetorch.cli._common import CliError, check_output_dir
+    from edgetorch.models import list_models
+
+    if args.model not in list_models():
+        raise CliError(f"unknown --model {args.model!r}; zoo models: {', '.join(list_models())}")
+    if str(args.distance).upper() not in _DISTANCES:
+        raise CliError(f"--distance must be one of {', '.join(_DISTANCES)}, got {args.distance!r}")
+    args.distance = str(args.distance).upper()
+    if args.rows < 0:
+        raise CliError(f"--rows must be >= 0, got {args.rows}")
+    check_output_dir(args.out, "--out")
+
+
 def run(args: argparse.Namespace) -> int:
+    """Runs the demo; a bad argument, path or full disk prints one ``error: ...`` line (exit 2), no traceback."""
+    from edgetorch.cli._common import guarded
+
+    def main(a: argparse.Namespace) -> int:
+        _check_args(a)
+        try:
+            return _demo(a)
+        except OSError as e:  # disk full (errno 28), a folder made read-only meanwhile: name the output folder
+            from edgetorch.errors import ArtifactIOError
+
+            raise ArtifactIOError(f"cannot write into --out {a.out}: {e.strerror or e}"
+                                  + (f" ({e.filename})" if e.filename else "")) from None
+    return guarded(main, args)
+
+
+def _demo(args: argparse.Namespace) -> int:
     import torch
 
     from edgetorch.cli._table import Steps, print_culprits, print_gap_table, table_console

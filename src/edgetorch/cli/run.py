@@ -295,7 +295,7 @@ def _main(args: argparse.Namespace) -> int:
 
     import mmap
 
-    from edgetorch.errors import EdgeTorchError, FormatError
+    from edgetorch.errors import EdgeTorchError, FormatError, RuntimeInputError
     from edgetorch.formats import bundled_program as bpf
 
     # -- read the test case ------------------------------------------------------------------------------
@@ -364,6 +364,8 @@ def _main(args: argparse.Namespace) -> int:
         raise CliError(f"{path}: the embedded program has no method '{method_name}'")
     try:
         method = program.load_method(method_name)
+    except FormatError as e:
+        raise CliError(str(e)) from None
     except EdgeTorchError as e:
         raise RunFailed(f"cannot load method '{method_name}': {e}") from None
     t1 = time.perf_counter()
@@ -385,6 +387,8 @@ def _main(args: argparse.Namespace) -> int:
         t2 = time.perf_counter()
         try:
             result = method.execute(*call_args, **call_kwargs)
+        except RuntimeInputError as e:  # the bundled inputs do not fit the method
+            raise CliError(str(e)) from None
         except EdgeTorchError as e:
             raise RunFailed(f"method '{method_name}' failed: {e}") from None
         times.append(time.perf_counter() - t2)
