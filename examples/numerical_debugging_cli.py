@@ -97,12 +97,17 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     inspector = Inspector(etdump_path=etdump_path, etrecord=etrecord_path, debug_buffer_path=debug_buffer_path)
     pd.set_option("display.width", 100000)
     pd.set_option("display.max_columns", None)
+    pd.set_option("display.float_format", "{:.3e}".format)  # gaps of 1e-14 must not print as 0.000000
     df = inspector.calculate_numeric_gap("MSE")
-    df_sorted = df.sort_values(by="gap", ascending=False,
-                               key=lambda x: x.apply(lambda y: y[0] if isinstance(y, list) else y))
+    flat = df.assign(gap=df["gap"].str[0], local_gap=df["local_gap"].str[0])  # [x] -> x: pandas formats x
     print("Top operators with largest gaps:")
-    print(df_sorted[["aot_ops", "runtime_ops", "gap", "local_gap"]].head(5))
+    print(flat.sort_values("gap", ascending=False)[["aot_ops", "runtime_ops", "gap", "local_gap"]].head(5))
     print(inspector.last_gap_coverage.summary())
+    culprits = inspector.find_culprits(df)
+    print("Ops adding error beyond their rounding noise:",
+          ", ".join(", ".join(ops) for ops in culprits["aot_ops"]) or "none (every op is within noise or exact)")
+    print("the same analysis from the command line: edgetorch inspect --etdump", etdump_path, "--etrecord",
+          etrecord_path, "--debug-buffer", debug_buffer_path, "--gap MSE --report report.html")
     return df
 
 
