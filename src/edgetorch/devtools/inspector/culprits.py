@@ -2,8 +2,9 @@
 
 A row is a culprit when its local error (the op re-run by the reference on the runtime's own inputs, compared
 with the runtime's output) is beyond what rounding in its dtype explains (``verdict == "real"``, see
-``inspector.noise``), or, for an integer/bool row, when any element differs locally. A program whose every op
-is within noise has no culprit: the result is empty.
+``inspector.noise``), or, for an integer/bool row, when any element differs locally; also a ``DELEGATE_CALL``
+row whose output differs from the value its op logged inside the delegate (an error at the boundary). A
+program whose every op is within noise has no culprit: the result is empty.
 
 Most specific row first. A ``DELEGATE_CALL`` row whose compared output is also logged by an op inside the
 delegate (an inner row of the same call comparing the same reference op) and found wrong there is the same
@@ -95,8 +96,9 @@ def find_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
         f = _opt(floor)
         ratio.append(math.inf if err and not f else (err or 0.0) / f if f else 0.0)
     out["noise_ratio"] = ratio
-    real = [is_real(*a) for a in zip(df["metric"], df["local_gap"], df["gap"], df["local_rel_error"],
-                                      df["rel_error"], df["noise_floor"])]
+    verdicts = df["verdict"] if "verdict" in df.columns else [None] * len(df)
+    real = [v == "real" or is_real(*a) for v, *a in zip(verdicts, df["metric"], df["local_gap"], df["gap"],
+                                                        df["local_rel_error"], df["rel_error"], df["noise_floor"])]
     explained = _explained_delegate_rows(df, real)
     keep = [i for i, r in zip(df.index, real) if r and i not in explained]
     out = out.loc[keep]
