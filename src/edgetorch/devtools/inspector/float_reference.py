@@ -202,14 +202,16 @@ def _group_value(g: _Group, rt: dict[int, list[torch.Tensor]], last: dict[int, t
 
 
 def _quantized_inputs(qgm: torch.fx.GraphModule, rt: dict[int, list[torch.Tensor]],
-                      last: dict[int, torch.fx.Node]) -> dict[int, torch.Tensor]:
-    """User input index -> the runtime's dequantized value of that input (where the program quantizes it)."""
+                      last: dict[int, torch.fx.Node], float_inputs: list[torch.fx.Node]) -> dict[int, torch.Tensor]:
+    """User input index -> the runtime's dequantized value of that input (where the program quantizes it),
+    shaped as the float graph's input."""
     out = {}
     for i, p in enumerate(n for n in qgm.graph.nodes if n.op == "placeholder"):
         sources, _ = _output_sources(p)
         got = _group_value(_Group(-1, [p], sources[:-1]), rt, last)
-        if got is not None:
-            out[i] = got[0]
+        like = _meta_tensor(float_inputs[i]) if i < len(float_inputs) else None
+        if got is not None and like is not None and got[0].numel() == like.numel():
+            out[i] = got[0].reshape(like.shape).to(like.dtype)
     return out
 
 
@@ -255,56 +257,73 @@ def _mutable(n: torch.fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
 
 
-def _clone_tensors(tree: Any) -> Any:
-    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
+def _meta_tensor(n: torch.fx.Node) -> torch.Tensor | None:
+    v = n.meta.get("val")
+    return v if isinstance(v, torch.Tensor) else None
 
 
-class _FloatWalk(torch.fx.Interpreter):
-    """One pass over the float graph computing each op on the float values (the accumulated reference) and on
-    the runtime's values of its inputs (the local reference), the runtime value substituted at every row."""
+def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...],
+                  input_index: tuple[int, ...]) -> torch.fx.GraphModule:
+    """A generated module that runs the float graph twice in one call: on the float values (the accumulated
+    reference) and on the runtime's values (the local reference: each op fed the runtime's values of its inputs,
+    the runtime value substituted at every row). Its inputs: the user inputs, the runtime's dequantized inputs
+    (``input_index``), then the runtime value of each row; it returns (float, local) per row. Generated Python
+    code, not an interpreter: small models pay no per-node dispatch overhead."""
+    g = torch.fx.Graph()
+    ref: dict[torch.fx.Node, torch.fx.Node] = {}
+    rt: dict[torch.fx.Node, torch.fx.Node] = {}
+    placeholders = [n for n in fgm.graph.nodes if n.op == "placeholder"]
+    for p in placeholders:
+        ref[p] = g.placeholder(p.name)
+    for i in input_index:
+        rt[placeholders[i]] = g.placeholder(f"runtime_input_{i}")
+    row_inputs = {n: g.placeholder(f"runtime_{n.name}") for n in row_nodes}
+    outs: list[torch.fx.Node] = []
 
-    def __init__(self, gm: torch.fx.GraphModule, rows: dict[torch.fx.Node, torch.Tensor],
-                 inputs: dict[int, torch.Tensor] | None = None) -> None:
-        super().__init__(gm)
-        self.rows = rows  # chain end -> runtime value
-        self.inputs = inputs or {}  # user input index -> the runtime's dequantized input
-        self._placeholder = 0
-        self.rt_env: dict[torch.fx.Node, Any] = {}
-        self.ref: dict[torch.fx.Node, torch.Tensor] = {}
-        self.local: dict[torch.fx.Node, torch.Tensor] = {}
+    def call(n: torch.fx.Node, env: Any) -> torch.fx.Node:
+        args = torch.fx.node.map_arg(n.args, env)
+        kwargs = torch.fx.node.map_arg(n.kwargs, env)
+        if _mutable(n):  # never write into values other rows still read
+            clone = torch.ops.aten.clone.default
+            args = torch.fx.node.map_arg(args, lambda a: g.call_function(clone, (a,)))
+            kwargs = torch.fx.node.map_arg(kwargs, lambda a: g.call_function(clone, (a,)))
+        return g.call_function(n.target, args, kwargs)
 
-    def _on_runtime_values(self, n: torch.fx.Node) -> Any:
-        def sub(a: torch.fx.Node) -> Any:
-            return self.rt_env[a] if a in self.rt_env else self.env[a]
-
-        args = torch.fx.node.map_arg(n.args, sub)
-        kwargs = torch.fx.node.map_arg(n.kwargs, sub)
-        if _mutable(n):
-            args, kwargs = _clone_tensors((args, kwargs))
-        return getattr(self, n.op)(n.target, args, kwargs)
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        if n.op == "call_function" and _mutable(n):  # never write into values other rows still read
-            args, kwargs = _clone_tensors(self.fetch_args_kwargs_from_env(n))
-            out = self.call_function(n.target, args, kwargs)
-        else:
-            out = super().run_node(n)
-        if n.op == "placeholder":
-            q = self.inputs.get(self._placeholder)
-            self._placeholder += 1
-            if q is not None and isinstance(out, torch.Tensor) and q.numel() == out.numel():
-                self.rt_env[n] = q.reshape(out.shape)
+    for n in fgm.graph.nodes:
+        if n.op == "get_attr":
+            ref[n] = g.get_attr(n.target)
         if n.op != "call_function":
-            return out
-        differs = any(a in self.rt_env for a in n.all_input_nodes)
-        local = self._on_runtime_values(n) if differs else out
-        rt = self.rows.get(n)
-        if rt is not None and isinstance(out, torch.Tensor) and isinstance(local, torch.Tensor):
-            self.ref[n], self.local[n] = out, local
-            self.rt_env[n] = rt
+            continue
+        ref[n] = call(n, ref.__getitem__)
+        differs = any(a in rt for a in n.all_input_nodes)
+        local = call(n, lambda a: rt.get(a, ref[a])) if differs else ref[n]
+        if n in row_inputs:
+            outs += [ref[n], local]
+            rt[n] = row_inputs[n]
         elif differs:
-            self.rt_env[n] = local
-        return out
+            rt[n] = local
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(fgm, g)
+
+
+class _JointRunner:
+    """Builds (and caches, per set of rows) the joint module and runs it on one sample."""
+
+    def __init__(self, fgm: torch.fx.GraphModule) -> None:
+        self.fgm = fgm
+        self.cache: dict[tuple, torch.fx.GraphModule] = {}
+        self.placeholders = [n for n in fgm.graph.nodes if n.op == "placeholder"]
+
+    def run(self, inputs: list[Any], runtime_inputs: dict[int, torch.Tensor],
+            rows: dict[torch.fx.Node, torch.Tensor]) -> dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor]]:
+        row_nodes = tuple(n for n in self.fgm.graph.nodes if n in rows)
+        index = tuple(i for i in sorted(runtime_inputs) if i < len(self.placeholders))
+        key = (row_nodes, index)
+        module = self.cache.get(key)
+        if module is None:
+            module = self.cache[key] = _joint_module(self.fgm, row_nodes, index)
+        out = module(*inputs, *[runtime_inputs[i] for i in index], *[rows[n] for n in row_nodes])
+        return {n: (out[2 * k], out[2 * k + 1]) for k, n in enumerate(row_nodes)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -412,6 +431,7 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
     chains = _float_ends(fgm, groups)
     last = _edge_last(qgm)
     order = {h: i for i, h in enumerate(last)}
+    runner = _JointRunner(fgm)
     stats: dict[int, _Stats] = {}
     with torch.no_grad():
         for inputs, entries in _samples(inspector, method, runs):
@@ -420,16 +440,16 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
             ends: dict[torch.fx.Node, tuple[int, str]] = {}
             for h, chain in chains.items():
                 got = _group_value(groups[h], rt, last)
-                if got is not None:
-                    rows[chain[-1]] = got[0]
+                like = _meta_tensor(chain[-1])
+                if got is not None and like is not None and got[0].numel() == like.numel():
+                    rows[chain[-1]] = got[0].reshape(like.shape).to(like.dtype)
                     ends[chain[-1]] = (h, got[1].name)
-            walk = _FloatWalk(fgm, rows, _quantized_inputs(qgm, rt, last))
-            walk.run(*pytree.tree_leaves(tuple(inputs)))
+            flat = pytree.tree_leaves(tuple(inputs))
+            values = runner.run(flat, _quantized_inputs(qgm, rt, last, runner.placeholders), rows)
             for n, (h, rt_name) in ends.items():
-                if n not in walk.ref or walk.ref[n].numel() != rows[n].numel():
-                    continue
+                ref, loc = values[n]
                 s = stats.setdefault(h, _Stats(runtime_node=rt_name))
-                s.add(walk.ref[n], walk.local[n], rows[n], comparator)
+                s.add(ref, loc, rows[n], comparator)
     df = _table(stats, chains, groups, fgm, qgm, comparator, local)
     df.attrs.update(reference_graph=FLOAT_GRAPH, method=method,
                     distance=getattr(comparator, "name", type(comparator).__name__),
