@@ -69,6 +69,10 @@ def _mix(a: str, b: str, t: float) -> str:
     return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(ca, cb))
 
 
+def _times(r: float | None) -> str:
+    return "" if r is None else f"{r:.3g} ×"
+
+
 def _ratio(row: pd.Series) -> float | None:
     lrel, floor = _val(row.get("local_rel_error")), _val(row.get("noise_floor"))
     if lrel is None or floor is None or floor <= 0:
@@ -84,9 +88,9 @@ def _severity(row: pd.Series, exact: bool, scaled: bool, span: tuple[float, floa
         if v == "exact":
             return "#e9ecef", 0.5, "exact (bit-identical to the reference)"
         if v == "noise":
-            return "#b2f2bb", 1.0, f"within rounding noise ({_fmt(r)} × the noise floor)" if r else "noise"
+            return "#b2f2bb", 1.0, f"within rounding noise ({_times(r)} the noise floor)" if r else "noise"
         t = math.log10(r) / 4 if r and r > 1 else 1.0
-        return _mix("#ffc078", "#c92a2a", t), 2.0 + t, (f"{_fmt(r)} × the noise floor" if r else
+        return _mix("#ffc078", "#c92a2a", t), 2.0 + t, (f"{_times(r)} the noise floor" if r else
                                                          "mismatching elements")
     lg = _val(row.get("local_gap"))
     if exact:
@@ -170,7 +174,7 @@ def _culprit_section(df: pd.DataFrame, order: list[int], node_of: dict[int, str]
         where = ", ".join(x for x in (f"inside {row.get('delegate')}" if row.get("delegate") else "",
                                       f"module {row.get('module')}" if row.get("module") else "") if x)
         out.append(f"<li><a href='#r{k}'>row {k}</a> <b{link}>{_e(', '.join(map(str, row['aot_ops']))[:160])}</b>: "
-                   f"local error {_fmt(_val(row.get('local_rel_error')))} = {_fmt(_ratio(row))} × its noise floor "
+                   f"local error {_fmt(_val(row.get('local_rel_error')))} = {_times(_ratio(row))} its noise floor "
                    f"{_fmt(_val(row.get('noise_floor')))}; accumulated {_fmt(_val(row.get('rel_error')))}"
                    f"{' (' + _e(where) + ')' if where else ''}<br><code>{_e(_short_source(row.get('source', '')))}"
                    "</code></li>")
@@ -218,11 +222,11 @@ def _columns(df: pd.DataFrame) -> list[str]:
 def _cell(c: str, row: pd.Series, traces: _Traces) -> str:
     v = row.get(c)
     if c in ("aot_ops", "runtime_ops"):
-        return f"<td>{_e(', '.join(map(str, v or [])))}</td>"
+        return f"<td class='w'>{_e(', '.join(map(str, v or [])))}</td>"
     if c == "mismatches":
         return f"<td class='num'>{'' if v is None or v != v else int(v)}</td>"
     if c == "source":
-        return f"<td>{_e(_short_source(v or ''))}</td>"
+        return f"<td class='w'>{_e(_short_source(v or ''))}</td>"
     if c == "stack trace":
         return f"<td><details data-t='{traces.refs(row.get('stacktraces'))}'><summary>show</summary></details></td>"
     if c in ("metric", "dtype", "shape", "delegate", "module", "verdict"):

@@ -14,7 +14,7 @@ table{border-collapse:collapse;font-size:12px}
 th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f3f3f3;cursor:pointer;position:sticky;top:0;z-index:1}
 .scroll{overflow:auto;max-width:100%;max-height:80vh;border:1px solid #eee}
-#gaps{min-width:900px}#gaps td:nth-child(2),#gaps td:nth-child(3){max-width:260px}
+#gaps th,#gaps td{white-space:nowrap;overflow-wrap:normal}#gaps td.w{white-space:normal;min-width:140px;max-width:320px}
 tr.culprit td{background:#fde8e8}tr.first td{background:#fff3cd}tr.sel td{outline:2px solid #1971c2}
 td.rowlink{cursor:pointer;color:#1971c2;text-decoration:underline}
 .num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
