@@ -306,3 +306,13 @@ def test_report_fits_a_phone_screen(browser, run, tmp_path):
     page.locator(".gpage:not([hidden]) .gn[data-row]").first.click()
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     assert errors == []
+
+
+def test_a_minimal_gap_table_still_makes_a_report(tmp_path):
+    """Tables from other sources (no handles, no scale, no stack traces) degrade: no graph, no culprit."""
+    df = pd.DataFrame({"aot_ops": [["a"], ["b"]], "runtime_ops": [["x"], ["y"]], "gap": [[1e-9], [0.0]],
+                       "local_gap": [[1e-9], [None]]})
+    df.attrs["samples"] = 1
+    html = open(write_report(tmp_path / "m.html", df)).read()
+    assert "1.000e-09" in html and "no noise scale" in html and "id='samples'" not in html
+    assert "<svg class=\"graph\"" not in html and "class='culprit'" not in html

@@ -316,13 +316,21 @@ def _generation_section(gen: pd.DataFrame) -> str:
     return "".join(out)
 
 
-def _samples_section(df: pd.DataFrame) -> str:
+def _sample_count(df: pd.DataFrame) -> int | None:
     samples = df.attrs.get("samples")
+    if isinstance(samples, (pd.DataFrame, list, tuple)):
+        return len(samples)
+    return int(samples) if isinstance(samples, (int, float)) and samples == samples else None
+
+
+def _samples_section(df: pd.DataFrame) -> str:
+    """Per-sample bars (``df.attrs["samples"]`` as a frame) and the per-op spread over the samples (mean / p99 /
+    max columns); nothing for a single sample without statistics columns."""
+    samples, n = df.attrs.get("samples"), _sample_count(df)
     per_op = samples_chart_svg(df)
-    if samples is None and not per_op:
+    if not per_op and not isinstance(samples, pd.DataFrame) and (n or 0) < 2:
         return ""
-    n = len(samples) if isinstance(samples, (pd.DataFrame, list, tuple)) else samples
-    out = [f"<h2 id='samples'>Over {_e(n)} samples</h2>"]
+    out = [f"<h2 id='samples'>Over {_e(n if n is not None else 'several')} samples</h2>"]
     if isinstance(samples, pd.DataFrame):
         out.append(per_sample_chart_svg(samples))
     out.append(per_op or "<p>No per-op statistics columns (mean / max / p99) in this table.</p>")
