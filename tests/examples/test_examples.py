@@ -42,6 +42,9 @@ def test_numerical_debugging_example_vit_b_16(tmp_path):
               "--out", str(tmp_path)], str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Final output MSE" in r.stdout and "Top 5 operators" in r.stdout
+    # the report of a ViT-B/16 stays a reasonable file, its graph split into pages (about 0.4 MB, 3 pages)
+    html = (tmp_path / "report.html").read_text()
+    assert len(html.encode()) < 2_000_000 and html.count("class=\"gpage\"") >= 3
 
 
 def test_demo_command(tmp_path):
