@@ -266,7 +266,8 @@ class Context:
     etrecord: object = None
 
 
-def _gap_key(df) -> str:
+def gap_key(df) -> str:
+    """A comparable text form of a gap table (timing columns left out)."""
     cols = [c for c in df.columns if "time" not in str(c).lower()]
     return df[cols].to_csv(index=False)
 
@@ -278,7 +279,7 @@ def _gaps(etdump: bytes | str, etrecord, debug_buffer: str) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         insp = Inspector(etrecord=etrecord, debug_buffer_path=debug_buffer, **kw)
-        return _gap_key(insp.calculate_numeric_gap("MSE"))
+        return gap_key(insp.calculate_numeric_gap("MSE"))
 
 
 def make_context(paths: dict[str, str], kinds: list[str]) -> Context:
@@ -429,11 +430,14 @@ def worker(folder: str, kind: str, seed: int, start: int, stop: int, out_path: s
     logging.disable(logging.CRITICAL)
     paths = build_artifacts(folder)
     ctx = make_context(paths, [kind])
+    crash_at = int(os.environ.get("EDGETORCH_FUZZ_CRASH_AT", "-1"))  # tests of the driver only
     with open(out_path, "a", buffering=1) as out:
         for i in range(start, stop):
             data, what = mutate(kind, ctx.originals[kind], seed, i)
             out.write(json.dumps({"begin": i}) + "\n")
             out.flush()
+            if i == crash_at:
+                os.abort()
             out.write(json.dumps({"i": i, "mutation": what, **check_mutant(ctx, kind, data)}) + "\n")
 
 
