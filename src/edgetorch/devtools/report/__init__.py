@@ -166,7 +166,10 @@ def _culprit_section(df: pd.DataFrame, order: list[int], node_of: dict[int, str]
     if not order:
         out.append("<p>None: every op's local error is within its rounding noise (or exact).</p>")
         return "".join(out)
-    out.append("<ol class='culprits'>")
+    first = min(order)
+    out.append(f"<p>{len(order)} op{'s' if len(order) > 1 else ''}, worst first; the first in execution order is "
+               f"<a href='#r{first}'>row {first}</a> (everything after it may inherit its error).</p>"
+               "<ol class='culprits'>")
     for k in order:
         row = df.iloc[k]
         node = node_of.get(k)
@@ -270,7 +273,7 @@ def _first_divergence(df: pd.DataFrame, threshold: float | None) -> int | None:
 
 def _graph_section(graph: EdgeGraph, df: pd.DataFrame, culprits: set[int], scaled: bool, traces: _Traces,
                    max_page_nodes: int) -> tuple[str, dict[int, str], dict[str, Any]]:
-    groups = [(k, tuple(r["aot_debug_handle"] or ()),
+    groups = [(k, tuple(r.get("aot_debug_handle") or ()),
                int(r["instruction_id"]) if list(r["runtime_ops"]) == ["DELEGATE_CALL"] else None)
               for k, (_, r) in enumerate(df.iterrows())]
     node_row, part_row = rows_for_nodes(graph, groups)
@@ -291,7 +294,12 @@ def _graph_section(graph: EdgeGraph, df: pd.DataFrame, culprits: set[int], scale
     return html, {k: nid for nid, k in node_row.items()}, data
 
 
-def _resolve_graph(graph: EdgeGraph | None, etrecord: Any, method: str) -> EdgeGraph | None:
+def _resolve_graph(graph: EdgeGraph | None, etrecord: Any, df: pd.DataFrame) -> EdgeGraph | None:
+    """The graph to draw: ``graph``, else the ETRecord's edge graph of the table's method; None for a table
+    whose handles are not the edge program's (a comparison with the float program numbers its own ops)."""
+    if "aot_debug_handle" not in df or "float_debug_handle" in df:
+        return None
+    method = df.attrs.get("method", "forward")
     if graph is not None or etrecord is None:
         return graph
     try:
@@ -419,8 +427,7 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
     if generation_df is not None and len(generation_df) > 1:
         body.append(_generation_section(generation_df))
     if gap_df is not None:
-        method = gap_df.attrs.get("method", "forward")
-        parts, nodes = _gap_sections(gap_df, culprits, _resolve_graph(graph, etrecord, method), threshold, traces,
+        parts, nodes = _gap_sections(gap_df, culprits, _resolve_graph(graph, etrecord, gap_df), threshold, traces,
                                      max_page_nodes)
         body = parts[:1] + body + parts[1:]
     if profile_df is not None and not profile_df.empty:
