@@ -15,6 +15,8 @@ _COMMANDS = {
              "write an HTML report"),
     "run": ("edgetorch.cli.run", "Run a .pte or bundled program (.bpte), verify outputs, dump intermediates"),
     "inspect": ("edgetorch.cli.inspect", "Print the profile or numeric-gap table of an ETDump + ETRecord"),
+    "fix": ("edgetorch.cli.fix", "Find the smallest set of ops to keep in float or off the delegate that brings "
+            "a model's final output within tolerance; re-export and prove it"),
     "generate": ("edgetorch.cli.generate", "Export a zoo LLM as prefill + decode, generate tokens on the runtime "
                  "and compare them with eager PyTorch"),
 }

@@ -242,7 +242,7 @@ def find_fix(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: Any,
             raise RecipeError(f"find_fix: recipe {recipe_type!r} neither quantizes nor delegates: nothing to fix")
         candidates = (_quant_candidates(et, samples, top) if mode == "quantization"
                       else _delegate_candidates(et, samples, top))
-    cands = [list(c) for c in candidates][:top]
+    cands = _merge_overlapping([list(c) for c in candidates])[:top]
     say(f"{len(cands)} candidate(s): " + "; ".join("+".join(c) for c in cands))
     result = FixResult(mode, float(tolerance), cands, [base])
     if base.within or not cands:
@@ -250,6 +250,18 @@ def find_fix(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: Any,
     _search(model, samples, evals, reference, recipe_type, recipe_options, option, base_kept, result,
             max_reexports, latency_repeats, say)
     return result
+
+
+def _merge_overlapping(groups: list[list[str]]) -> list[list[str]]:
+    """Groups sharing an op are one layer (a conv's row and its fused relu's row): merged into the first."""
+    out: list[list[str]] = []
+    for g in groups:
+        home = next((o for o in out if set(o) & set(g)), None)
+        if home is None:
+            out.append(list(dict.fromkeys(g)))
+        else:
+            home += [n for n in g if n not in home]
+    return out
 
 
 def _delegates(recipe_type: Any) -> bool:

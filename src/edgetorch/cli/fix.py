@@ -1,0 +1,114 @@
+"""``edgetorch fix``: find the smallest set of ops to keep in float (INT8 recipes) or off the ONNX Runtime delegate
+(float ORT recipe) that brings a zoo model's final output within a tolerance of the float model, re-exporting and
+re-running each candidate (``edgetorch.devtools.fix.find_fix``).
+
+    edgetorch fix --model resnet18 --recipe portable_int8_static_per_tensor --tolerance 0.1
+    edgetorch fix --model mlp --recipe portable_int8_static_per_tensor --outlier fc2.weight --tolerance 0.05
+
+One line per step as it runs (baseline, candidates, each re-export with its final error, latency and size), then
+the verdict. ``--outlier PARAM`` plants a weight outlier (60 x the largest magnitude) in one parameter first, the
+textbook badly quantized layer. Exit status 0 when the final output is within tolerance (a fix was found and
+proven, or none was needed), 1 when no fix was found within ``--max-reexports``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from edgetorch.cli._common import CliError, guarded
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="mlp", help="zoo model (edgetorch.models.list_models())")
+    p.add_argument("--recipe", default="portable_int8_static_per_tensor",
+                   help="export recipe: portable_int8_static_per_tensor|_per_channel, "
+                        "onnxruntime_int8_static_per_tensor|_per_channel, onnxruntime_fp32")
+    p.add_argument("--tolerance", type=float, required=True,
+                   help="largest relative L2 error of the final output against the float model")
+    p.add_argument("--samples", type=int, default=4, help="random inputs shaped as the example inputs (seeded)")
+    p.add_argument("--max-reexports", type=int, default=5, help="re-export budget of the search")
+    p.add_argument("--top", type=int, default=8, help="candidates considered, worst first")
+    p.add_argument("--outlier", default=None, help="plant a weight outlier in this parameter first")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _recipe(name: str):
+    from edgetorch.export import OrtRecipeType, PortableRecipeType
+
+    for kind in (PortableRecipeType, OrtRecipeType):
+        for member in kind:
+            if name in (member.value, member.name.lower()) or name == f"{kind.get_backend_name()}_{member.name}":
+                return member
+    known = [m.value for k in (PortableRecipeType, OrtRecipeType) for m in k]
+    raise CliError(f"--recipe {name!r} is not a recipe; choose one of {', '.join(known)}")
+
+
+def _samples(inputs: tuple, n: int, seed: int) -> list[tuple]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def like(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if t.is_floating_point():
+            return torch.randn(t.shape, generator=g, dtype=t.dtype)
+        hi = int(t.max()) + 1 if t.numel() else 1
+        return torch.randint(0, max(hi, 1), t.shape, generator=g, dtype=t.dtype)
+
+    return [tuple(inputs)] + [tuple(like(t) for t in inputs) for _ in range(n - 1)]
+
+
+def _check(args: argparse.Namespace) -> None:
+    from edgetorch.models import list_models
+
+    if args.model not in list_models():
+        raise CliError(f"--model {args.model!r} is not a zoo model; choose one of {', '.join(list_models())}")
+    if not args.tolerance > 0:
+        raise CliError(f"--tolerance must be positive, got {args.tolerance}")
+    for flag in ("samples", "max_reexports", "top"):
+        if getattr(args, flag) < 1:
+            raise CliError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+
+
+def _plant(model, name: str) -> None:
+    import torch
+
+    params = dict(model.named_parameters())
+    if name not in params:
+        raise CliError(f"--outlier {name!r} is not a parameter of the model; e.g. "
+                       f"{', '.join(n for n, p in params.items() if p.dim() >= 2)}")
+    with torch.no_grad():
+        p = params[name]
+        p.view(-1)[0] = 60 * p.abs().max()
+
+
+def _main(args: argparse.Namespace) -> int:
+    _check(args)
+    recipe = _recipe(args.recipe)
+    import time
+
+    from edgetorch.devtools.fix import find_fix
+    from edgetorch.models import get_model
+
+    model, inputs = get_model(args.model)
+    if args.outlier:
+        _plant(model, args.outlier)
+    samples = _samples(inputs, args.samples, args.seed)
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
+
+    say(f"{args.model} with {recipe.value}: {len(samples)} sample(s), tolerance {args.tolerance:g}")
+    result = find_fix(model, samples, recipe, args.tolerance, max_reexports=args.max_reexports, top=args.top,
+                      progress=say)
+    table = result.to_dataframe()
+    table["kept"] = [", ".join(k) if k else "-" for k in table["kept"]]
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(result.summary())
+    return 0 if result.proven or result.baseline.within else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    return guarded(_main, args)
