@@ -279,6 +279,7 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
         rt[placeholders[i]] = g.placeholder(f"runtime_input_{i}")
     row_inputs = {n: g.placeholder(f"runtime_{n.name}") for n in row_nodes}
     outs: list[torch.fx.Node] = []
+    sums: list[torch.fx.Node] = []
 
     def call(n: torch.fx.Node, env: Any) -> torch.fx.Node:
         args = torch.fx.node.map_arg(n.args, env)
@@ -299,11 +300,30 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
         local = call(n, lambda a: rt.get(a, ref[a])) if differs else ref[n]
         if n in row_inputs:
             outs += [ref[n], local]
+            sums += _sums_of_squares(g, ref[n], local, row_inputs[n], _meta_tensor(n))
             rt[n] = row_inputs[n]
         elif differs:
             rt[n] = local
-    g.output(tuple(outs))
+    stacked = g.call_function(torch.ops.aten.stack.default, (sums,)) if sums else None
+    g.output((stacked, *outs))
     return torch.fx.GraphModule(fgm, g)
+
+
+def _sums_of_squares(g: torch.fx.Graph, ref: torch.fx.Node, local: torch.fx.Node, runtime: torch.fx.Node,
+                     like: torch.Tensor | None) -> list[torch.fx.Node]:
+    """Graph nodes computing Σref², Σ(ref − runtime)², Σlocal², Σ(local − runtime)² (float32 dot products,
+    float64 for other dtypes)."""
+    aten = torch.ops.aten
+
+    def flat(x: torch.fx.Node) -> torch.fx.Node:
+        x = g.call_function(aten.reshape.default, (x, [-1]))
+        if like is None or like.dtype != torch.float32:
+            x = g.call_function(aten._to_copy.default, (x,), {"dtype": torch.float64})
+        return x
+
+    r, lo, x = flat(ref), flat(local), flat(runtime)
+    d, ld = g.call_function(aten.sub.Tensor, (r, x)), g.call_function(aten.sub.Tensor, (lo, x))
+    return [g.call_function(aten.dot.default, (a, a)) for a in (r, d, lo, ld)]
 
 
 class _JointRunner:
@@ -315,7 +335,9 @@ class _JointRunner:
         self.placeholders = [n for n in fgm.graph.nodes if n.op == "placeholder"]
 
     def run(self, inputs: list[Any], runtime_inputs: dict[int, torch.Tensor],
-            rows: dict[torch.fx.Node, torch.Tensor]) -> dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor]]:
+            rows: dict[torch.fx.Node, torch.Tensor]
+            ) -> dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor, list[float]]]:
+        """Per row: (float value, local value, [Σref², Σ(ref − rt)², Σlocal², Σ(local − rt)²])."""
         row_nodes = tuple(n for n in self.fgm.graph.nodes if n in rows)
         index = tuple(i for i in sorted(runtime_inputs) if i < len(self.placeholders))
         key = (row_nodes, index)
@@ -323,7 +345,8 @@ class _JointRunner:
         if module is None:
             module = self.cache[key] = _joint_module(self.fgm, row_nodes, index)
         out = module(*inputs, *[runtime_inputs[i] for i in index], *[rows[n] for n in row_nodes])
-        return {n: (out[2 * k], out[2 * k + 1]) for k, n in enumerate(row_nodes)}
+        sums = out[0].tolist() if out[0] is not None else []
+        return {n: (out[1 + 2 * k], out[2 + 2 * k], sums[4 * k:4 * k + 4]) for k, n in enumerate(row_nodes)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -341,19 +364,19 @@ class _Stats:
     first: tuple[torch.Tensor, torch.Tensor] | None = None
     runtime_node: str = ""
 
-    def add(self, ref: torch.Tensor, local: torch.Tensor, rt: torch.Tensor, comparator: Any) -> None:
-        ref, local, rt = ref.detach(), local.detach(), rt.detach().reshape(ref.shape).to(ref.dtype)
-        noise, local_noise = _sq(ref - rt), _sq(local - rt)
-        if getattr(comparator, "name", None) == "MSE":  # the sums above already hold it
+    def add(self, ref: torch.Tensor, local: torch.Tensor, rt: torch.Tensor, sums: list[float],
+            comparator: Any) -> None:
+        signal, noise, local_signal, local_noise = sums
+        if getattr(comparator, "name", None) == "MSE":  # the sums already hold it
             n = max(1, ref.numel())
             self.gaps.append(noise / n)
             self.local_gaps.append(local_noise / n)
         else:
             self.gaps.append(float(comparator.compare(ref, rt)))
             self.local_gaps.append(float(comparator.compare(local, rt)))
-        self.signal += _sq(ref)
+        self.signal += signal
         self.noise += noise
-        self.local_signal += _sq(local)
+        self.local_signal += local_signal
         self.local_noise += local_noise
         self.elements += ref.numel()
         if self.first is None:
@@ -419,6 +442,16 @@ def _graphs(inspector: Any, method: str) -> tuple[torch.fx.GraphModule, torch.fx
     return reference_from_program(ep, method), qgm
 
 
+def _prepared(inspector: Any, method: str) -> tuple:
+    """The float and quantized graphs of ``method`` with their mapping, built once per Inspector and method."""
+    cache = inspector.__dict__.setdefault("_float_reference", {})
+    if method not in cache:
+        fgm, qgm = _graphs(inspector, method)
+        groups = quantized_groups(qgm)
+        cache[method] = (fgm, qgm, groups, _float_ends(fgm, groups), _edge_last(qgm), _JointRunner(fgm))
+    return cache[method]
+
+
 def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
                       runs: Sequence[int] | None = None, local: bool = True) -> pd.DataFrame:
     """The per-float-op table of quantization errors (see the module docstring) over every recorded execution
@@ -426,12 +459,8 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
     comparator = get_comparator(distance)
     method = method or ("forward" if "forward" in inspector.methods or not inspector.methods
                         else inspector.methods[0])
-    fgm, qgm = _graphs(inspector, method)
-    groups = quantized_groups(qgm)
-    chains = _float_ends(fgm, groups)
-    last = _edge_last(qgm)
+    fgm, qgm, groups, chains, last, runner = _prepared(inspector, method)
     order = {h: i for i, h in enumerate(last)}
-    runner = _JointRunner(fgm)
     stats: dict[int, _Stats] = {}
     with torch.no_grad():
         for inputs, entries in _samples(inspector, method, runs):
@@ -447,9 +476,8 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
             flat = pytree.tree_leaves(tuple(inputs))
             values = runner.run(flat, _quantized_inputs(qgm, rt, last, runner.placeholders), rows)
             for n, (h, rt_name) in ends.items():
-                ref, loc = values[n]
-                s = stats.setdefault(h, _Stats(runtime_node=rt_name))
-                s.add(ref, loc, rows[n], comparator)
+                ref, loc, sums = values[n]
+                stats.setdefault(h, _Stats(runtime_node=rt_name)).add(ref, loc, rows[n], sums, comparator)
     df = _table(stats, chains, groups, fgm, qgm, comparator, local)
     df.attrs.update(reference_graph=FLOAT_GRAPH, method=method,
                     distance=getattr(comparator, "name", type(comparator).__name__),

@@ -1,0 +1,173 @@
+"""Quantization debugging against the float model (issue 15): cost, planted-culprit detection, selective fallback.
+
+Three measurements on INT8 (PT2E, static, per-channel weights) ResNet-18, MobileNetV2, the zoo's transformer
+encoder and a small-config Hugging Face BERT (random weights), portable and ONNX Runtime:
+
+1. cost: the per-float-op table (``calculate_numeric_gap(reference_graph="float")`` over N samples) in multiples
+   of one float eager forward per sample (``per_sample_x``: medians of interleaved runs, one thread), and the
+   first table of an Inspector, which also deserializes the float program and maps it (``cold_total_x``, in
+   float forwards of all N samples). Target: <= 3x.
+2. planted bad layer: one layer's int8 weight re-quantized with an 8x larger scale (``coarsen_weight``: 3 bits of
+   precision lost), then is it the top culprit (lowest local SQNR)? Target: >= 95 % of plants.
+3. selective fallback on the model where INT8 loses most (lowest cosine to float on held-out samples): keeping
+   1..3 layers in float, the share of the lost cosine recovered and the latency paid. Target: >= 50 %.
+
+    python bench/bench_quant_debug.py                           # everything (tens of minutes on 2 cores)
+    python bench/bench_quant_debug.py --models bert,transformer_encoder --plants 2 --backends portable
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import alternate  # noqa: E402
+
+from edgetorch.devtools.inspector.float_reference import float_numeric_gap, rank_quantization_culprits
+from edgetorch.devtools.quant_fallback import (
+    coarsen_weight,
+    cosine_to_float,
+    inspect_quantized,
+    quantize_pt2e_program,
+    selective_fallback,
+)
+from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
+from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
+
+RECIPES = {"portable": PortableRecipeType.INT8_STATIC_PER_CHANNEL, "onnxruntime": OrtRecipeType.INT8_STATIC_PER_CHANNEL}
+WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}
+
+
+def build(name: str, n: int, seed: int) -> tuple[torch.nn.Module, list[tuple]]:
+    g = torch.Generator().manual_seed(seed)
+    if name == "bert":
+        import transformers
+
+        torch.manual_seed(0)
+        model = transformers.BertModel(transformers.BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
+        return model.eval(), [(torch.randint(0, 100, (1, 12), generator=g), torch.ones(1, 12, dtype=torch.long))
+                              for _ in range(n)]
+    from edgetorch.models import get_spec
+
+    spec = get_spec(name)
+    model, x = spec.build().eval(), spec.example_inputs()["forward"]
+    if x[0].dtype == torch.int64:
+        return model, [(torch.randint(0, 1000, x[0].shape, generator=g),) for _ in range(n)]
+    return model, [(torch.randn(x[0].shape, generator=g),) for _ in range(n)]
+
+
+def partitioner(backend: str) -> list:
+    if backend == "portable":
+        return []
+    from edgetorch.backends.onnxruntime import OrtPartitioner
+
+    return [OrtPartitioner()]
+
+
+def cost(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], repeats: int) -> dict:
+    session = export(model, samples, ExportRecipe.get_recipe(RECIPES[backend]), generate_etrecord=True)
+    run = inspect_quantized(session.get_executorch_program_manager(), samples)
+    inspector = run.inspector
+    t0 = time.perf_counter()
+    table = float_numeric_gap(inspector, "MSE")  # cold: deserializes the float program, builds the mapping
+    cold = time.perf_counter() - t0
+
+    def forward() -> None:
+        with torch.no_grad():
+            for s in samples:
+                model(*s)
+
+    t = alternate({"float": forward, "table": lambda: float_numeric_gap(inspector, "MSE")}, repeats)
+    n = len(samples)
+    return {"model": name, "backend": backend, "rows": len(table), "samples": n,
+            "float_forward_ms": t["float"] / n * 1e3, "table_ms_per_sample": t["table"] / n * 1e3,
+            "per_sample_x": t["table"] / t["float"], "cold_total_x": cold / t["float"],
+            "cosine": cosine_to_float(model, samples, run.outputs),
+            "top3": [ops[0] for ops in rank_quantization_culprits(table, 3)["aot_ops"]]}
+
+
+def plant_targets(model: torch.nn.Module, samples: list[tuple], k: int) -> list[str]:
+    """``k`` weighted layers spread over the model (first and last excluded when there are enough)."""
+    ep = torch.export.export(model, samples[0])
+    names = [n.name for n in ep.graph.nodes if n.op == "call_function" and str(n.target) in WEIGHTED]
+    inner = names[1:-1] if len(names) > k + 2 else names
+    step = len(inner) / k
+    return [inner[int(i * step + step / 2)] for i in range(k)]
+
+
+def plants(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], k: int) -> list[dict]:
+    out = []
+    for layer in plant_targets(model, samples, k):
+        quantizer = SymmetricInt8Quantizer(SymmetricQuantizationConfig(per_channel=True))
+        et = quantize_pt2e_program(model, samples, quantizer, partitioner(backend),
+                                   edit=lambda gm, layer=layer: coarsen_weight(gm, layer, 8.0))
+        table = inspect_quantized(et, samples).table
+        top = rank_quantization_culprits(table, 3)
+        found = [ops[0] for ops in top["aot_ops"]]
+        out.append({"model": name, "backend": backend, "planted": layer, "top": found[0] if found else None,
+                    "hit": bool(found) and found[0] == layer, "top3": found})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default="resnet18,mobilenet_v2,transformer_encoder,bert")
+    ap.add_argument("--backends", default="portable,onnxruntime")
+    ap.add_argument("--samples", type=int, default=4, help="calibration samples, also the debugged runs")
+    ap.add_argument("--plants", type=int, default=3, help="planted bad layers per model and backend")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved timing repeats")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared machine)")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: cost, plants, fallback")
+    ap.add_argument("--fallback-model", default=None, help="default: the model whose INT8 loses most")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")  # ORT's observer-effect warnings: the debug run unfuses, expected here
+    skip = set(filter(None, args.skip.split(",")))
+    models = args.models.split(",")
+    backends = args.backends.split(",")
+    result: dict = {"costs": [], "plants": []}
+    for name in models:
+        model, samples = build(name, args.samples, 0)
+        for backend in backends:
+            if "cost" not in skip:
+                result["costs"].append(cost(name, backend, model, samples, args.repeats))
+                print(json.dumps(result["costs"][-1]), flush=True)
+            if "plants" not in skip and args.plants:
+                result["plants"] += plants(name, backend, model, samples, args.plants)
+    if result["plants"]:
+        hits = sum(p["hit"] for p in result["plants"])
+        result["plant_hit_rate"] = hits / len(result["plants"])
+        print(f"planted bad layer is the top culprit: {hits}/{len(result['plants'])}", flush=True)
+    if "fallback" not in skip:
+        result["fallback"] = fallback(args, models, result["costs"])
+    return result
+
+
+def fallback(args: argparse.Namespace, models: list[str], costs: list[dict]) -> dict:
+    name = args.fallback_model
+    if name is None:
+        portable = [c for c in costs if c["backend"] == "portable"] or costs
+        name = min(portable, key=lambda c: c["cosine"])["model"] if portable else models[0]
+    model, samples = build(name, args.samples, 0)
+    _, held_out = build(name, args.samples, 1)
+    report = selective_fallback(model, samples, RECIPES["portable"], max_layers=3, eval_samples=held_out,
+                                latency_repeats=5)
+    steps = report.steps
+    print(f"selective fallback on {name} (portable; cosine on {len(held_out)} held-out samples):")
+    print(steps[["step", "kept_float", "cosine", "accuracy_recovered", "latency_ms", "latency_vs_int8",
+                 "latency_vs_float"]].to_string(index=False))
+    return {"model": name, "steps": json.loads(steps.to_json(orient="records")),
+            "float_latency_ms": report.float_latency_ms}
+
+
+if __name__ == "__main__":
+    main()
