@@ -112,10 +112,13 @@ class DebugSink:
 
 
 class BufferSink(DebugSink):
-    """A fixed in-memory buffer of ``capacity`` bytes, allocated (and its pages touched, so that runs copy
-    into warm memory) when the program loads; a run that would not fit raises ``DebugBufferOverflowError``
-    before it stores anything. As every blob is padded to 64 bytes, a capacity that is not a multiple of 64
-    is rounded down."""
+    """A fixed in-memory buffer of ``capacity`` bytes, reserved when the program loads; a run that would not
+    fit raises ``DebugBufferOverflowError`` before it stores anything. As every blob is padded to 64 bytes, a
+    capacity that is not a multiple of 64 is rounded down.
+
+    The buffer is an anonymous private mapping whose pages the OS provides (zero-filled) on first write: a
+    1 GiB buffer costs only the bytes runs actually log in resident memory, and the first run that writes a
+    page pays its fault once (later runs, which rewind and rewrite, find it warm)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -124,11 +127,7 @@ class BufferSink(DebugSink):
         self._map: mmap.mmap | None = None
         self._addr = 0
         if self._cap:
-            populate = getattr(mmap, "MAP_POPULATE", 0)
-            if populate:
-                self._map = mmap.mmap(-1, self._cap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-            else:
-                self._map = mmap.mmap(-1, self._cap)
+            self._map = mmap.mmap(-1, self._cap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             self._addr = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
     @property
