@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 from typing import Any
 
 import pandas as pd
@@ -279,12 +280,15 @@ def _graph_section(graph: EdgeGraph, df: pd.DataFrame, culprits: set[int], scale
     node_row, part_row = rows_for_nodes(graph, groups)
     lay = layout(graph, max_page_nodes)
     exact, span = _exact(df), _span(df)
+    graph_nodes = graph.by_id()
     styles = {}
     for nid, k in node_row.items():
         row = df.iloc[k]
         fill, rank, what = _severity(row, exact[k], scaled, span)
-        tip = f"{', '.join(map(str, row['aot_ops']))[:80]} (row {k}): {what}"
-        styles[nid] = NodeStyle(fill, tip, k in culprits, k, 4 if k in culprits else rank)
+        ops = [str(o) for o in row["aot_ops"] or []]
+        tip = f"{', '.join(ops)[:80]} (row {k}; edge ops {graph_nodes[nid].op}): {what}"
+        label = re.sub(r"_\d+$", "", ops[-1]) if ops else ""
+        styles[nid] = NodeStyle(fill, tip, k in culprits, k, 4 if k in culprits else rank, label)
     data = {n.id: {"op": n.op, "names": n.names, "h": n.debug_handle, "part": n.partition, "mod": n.module,
                    "src": _short_source(n.source), "tr": _ref(traces.add(n.stack_trace))} for n in graph.nodes}
     html = ("<h2 id='graph'>Edge graph</h2><p>One node per op (debug handle) of the edge program "

@@ -24,6 +24,7 @@ class NodeStyle:
     culprit: bool = False
     row: int | None = None
     rank: int = 0  # 0: not compared / no error; higher draws attention first (page buttons)
+    label: str = ""  # the node's text (default: the edge op)
 
 
 def _label(op: str, width: int = 21) -> str:
@@ -68,8 +69,7 @@ def _page_svg(graph: EdgeGraph, lay: Layout, k: int, styles: dict[str, NodeStyle
                              f'y1="{y2 - 10:.0f}" x2="{x2 + NODE_W / 2:.0f}" y2="{y2:.0f}"/><title>input from '
                              f'{_e(nodes[src].op)} on page {page + 1} (click to go)</title></g>')
     parts.append('<g class="edges">' + "".join(edges) + "</g>" + "".join(stubs))
-    parts += [_node_svg(nodes[nid].id, nodes[nid].op, nodes[nid].kind, *_xy(lay, nid)[:2], styles.get(nid))
-              for nid in ids]
+    parts += [_node_svg(nid, nodes[nid].op, nodes[nid].kind, *_xy(lay, nid)[:2], styles.get(nid)) for nid in ids]
     parts.append("</svg>")
     return "".join(parts)
 
@@ -85,7 +85,8 @@ def _node_svg(nid: str, op: str, kind: str, x: float, y: float, style: NodeStyle
     rx = 11 if kind != "op" else 3
     return (f'<g class="{cls}" id="gn-{_e(nid)}" data-id="{_e(nid)}"{row} transform="translate({x:.0f},{y:.0f})">'
             f'<rect width="{NODE_W}" height="{NODE_H}" rx="{rx}" fill="{fill}"/>'
-            f'<text x="6" y="{NODE_H - 7}">{_e(_label(op))}</text>{mark}<title>{_e(tip)}</title></g>')
+            f'<text x="6" y="{NODE_H - 7}">{_e(_label(style.label if style and style.label else op))}</text>{mark}'
+            f'<title>{_e(tip)}</title></g>')
 
 
 def _boxes(graph: EdgeGraph, lay: Layout, k: int, part_row: dict[str, int]) -> str:
