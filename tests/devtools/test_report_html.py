@@ -187,10 +187,15 @@ def test_report_multi_sample_section_and_long_graphs_paginate(run, tmp_path):
     df = run.df.copy()
     local = [v[0] or 0.0 for v in df["local_gap"]]
     df["local_gap_mean"], df["local_gap_max"] = local, [2 * v + 1e-9 for v in local]
+    df["culprit_frequency"], df["top1_frequency"] = [0.0] * len(df), [0.0] * len(df)
+    df.loc[df.index[2], ["culprit_frequency", "top1_frequency"]] = [0.5, 0.25]
     df.attrs["samples"] = pd.DataFrame({"sample": range(4), "output_gap": [1e-9, 2e-9, 0.0, 5e-8]})
+    df.attrs["rank_stability"] = 0.75
     html = open(write_report(tmp_path / "s.html", df, etrecord=run.inspector.etrecord, max_page_nodes=6)).read()
     assert "Over 4 samples" in html and 'class="chart per-sample"' in html and 'class="chart samples"' in html
-    assert "<th>local_gap_max</th>" in html
+    assert "<th>local_gap_max</th>" in html and "<th>culprit_frequency</th>" in html
+    assert "culprit-set stability 0.75" in html
+    assert f"{', '.join(df.iloc[2]['aot_ops'])}: a culprit in 50% of the samples, first in 25%" in html
     pages = [a for t, a in _tags(html) if t == "div" and a.get("class") == "gpage"]
     assert len(pages) >= 3 and sum("hidden" not in a for a in pages) == 1
     assert "class=\"stub\"" in html  # an input from another page

@@ -219,7 +219,8 @@ def _num_td(v: Any) -> str:
 
 def _columns(df: pd.DataFrame) -> list[str]:
     stats = [c for cs in stat_columns(df).values() for c in cs.values()]
-    return (["#", "aot_ops", "runtime_ops", "gap", "local_gap"] + [c for c in SCALE if c in df] + stats +
+    freq = [c for c in ("culprit_frequency", "top1_frequency", "mean_culprit_rank") if c in df]
+    return (["#", "aot_ops", "runtime_ops", "gap", "local_gap"] + [c for c in SCALE if c in df] + freq + stats +
             ["metric", "mismatches", "dtype", "shape", "delegate", "module", "source", "stack trace"])
 
 
@@ -335,6 +336,26 @@ def _sample_count(df: pd.DataFrame) -> int | None:
     return int(samples) if isinstance(samples, (int, float)) and samples == samples else None
 
 
+def _stability(df: pd.DataFrame) -> str:
+    """How stable the culprit ranking is over the samples (``rank_stability``, ``top1_agreement``), and the ops
+    some sample names a culprit, by how often."""
+    a = df.attrs
+    parts = []
+    if a.get("rank_stability") is not None:
+        parts.append(f"culprit-set stability {a['rank_stability']:.2f} (mean Jaccard similarity of each sample's "
+                     "culprits with the aggregate's; 1 = every sample names the same)")
+    if a.get("top1_agreement") is not None:
+        parts.append(f"top-1 agreement {a['top1_agreement']:.0%}")
+    out = f"<p>{_e('; '.join(parts))}.</p>" if parts else ""
+    if "culprit_frequency" in df:
+        named = df[df["culprit_frequency"].fillna(0) > 0].sort_values("culprit_frequency", ascending=False)
+        items = "".join(f"<li>{_e(', '.join(map(str, r['aot_ops']))[:100])}: a culprit in "
+                        f"{r['culprit_frequency']:.0%} of the samples, first in {r['top1_frequency']:.0%}</li>"
+                        for _, r in named.head(10).iterrows())
+        out += (f"<ul>{items}</ul>" if items else "<p>No sample names a culprit.</p>")
+    return out
+
+
 def _samples_section(df: pd.DataFrame) -> str:
     """Per-sample bars (``df.attrs["samples"]`` as a frame) and the per-op spread over the samples (mean / p99 /
     max columns); nothing for a single sample without statistics columns."""
@@ -342,7 +363,7 @@ def _samples_section(df: pd.DataFrame) -> str:
     per_op = samples_chart_svg(df)
     if not per_op and not isinstance(samples, pd.DataFrame) and (n or 0) < 2:
         return ""
-    out = [f"<h2 id='samples'>Over {_e(n if n is not None else 'several')} samples</h2>"]
+    out = [f"<h2 id='samples'>Over {_e(n if n is not None else 'several')} samples</h2>", _stability(df)]
     if isinstance(samples, pd.DataFrame):
         out.append(per_sample_chart_svg(samples))
     out.append(per_op or "<p>No per-op statistics columns (mean / max / p99) in this table.</p>")

@@ -202,6 +202,8 @@ def samples_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 240) ->
         return ""
     series = [(k, c, [_val(v) for v in df[stats[base][k]]]) for k, c in
               (("max", "#c92a2a"), ("p99", "#e67700"), ("mean", "#1971c2")) if k in stats[base]]
+    if base.endswith("rel_error") and "noise_floor" in df:  # relative errors compare with the noise floor
+        series.append(("noise floor", "#868e96", [_val(v) for v in df["noise_floor"]]))
     pos = [v for _, _, vals in series for v in vals if v is not None and v > 0 and math.isfinite(v)]
     if not pos:
         return f"<p>{_e(base)} is 0 on every sample.</p>"
@@ -215,14 +217,17 @@ def samples_chart_svg(df: pd.DataFrame, width: int = 1200, height: int = 240) ->
         y = _bar_y(10.0 ** k, lo, hi, pad_t, h)
         parts.append(f'<line x1="{pad_l}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
                      f'<text x="{pad_l - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">1e{k}</text>')
-    for _k, colour, vals in series:
-        pts = [f"{pad_l + i * step:.1f},{_bar_y(max(v, 10.0 ** lo), lo, hi, pad_t, h):.1f}"
+    for k, colour, vals in series:
+        pts = [(pad_l + i * step, _bar_y(max(v, 10.0 ** lo), lo, hi, pad_t, h))
                for i, v in enumerate(vals) if v is not None and v > 0 and math.isfinite(v)]
+        dash = ' stroke-dasharray="4 3"' if k == "noise floor" else ""
         if pts:
-            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.2" points="{" ".join(pts)}"/>')
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.2"{dash} points="'
+                         + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+            parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{colour}"/>' for x, y in pts if not dash]
     parts.append(f'<text x="{pad_l}" y="{height - 4}" font-size="11">op (execution order) →</text></svg>')
-    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>{_e(base)} {k} over the samples</span>'
-                     for k, c, _ in series)
+    legend = "".join(f'<span><i class="sw" style="background:{c}"></i>'
+                     f'{_e(k if k == "noise floor" else f"{base} {k} over the samples")}</span>' for k, c, _ in series)
     return f'<div class="legend">{legend}</div>' + "".join(parts)
 
 
