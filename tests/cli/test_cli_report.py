@@ -70,6 +70,18 @@ def test_culprit_lines_only_beyond_noise():
     assert "no noise scale" in unscaled[0]
 
 
+def test_multi_sample_tables_show_how_often_an_op_is_a_culprit():
+    from edgetorch.cli._table import sample_lines
+
+    df = _frame().assign(culprit_frequency=[0.0, 0.75])
+    df.attrs.update(samples=8, rank_stability=0.9, top1_agreement=0.5)
+    text = _render(df, 160)
+    assert "culprit%" in text and "75%" in text
+    assert sample_lines(df) == ["over 8 samples (gap columns: the worst sample; *_mean / *_max / *_p99 in the "
+                                "table); culprit-set stability 0.90, top-1 agreement 50%"]
+    assert sample_lines(_frame()) == []
+
+
 def test_steps_print_one_line_per_step_off_a_terminal():
     out = io.StringIO()
     with Steps(Console(file=out, width=100), total=2) as steps:

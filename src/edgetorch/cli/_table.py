@@ -99,9 +99,14 @@ def _columns(width: int, scaled: bool) -> list[str]:
                                                                              "source"]
 
 
-_MIN = {"aot_ops": 10, "runtime_ops": 10, "gap": 9, "local_gap": 9, "rel_error": 9, "×noise": 6, "verdict": 7,
-        "source": 16}
+_MIN = {"culprit%": 8, "aot_ops": 10, "runtime_ops": 10, "gap": 9, "local_gap": 9, "rel_error": 9, "×noise": 6,
+        "verdict": 7, "source": 16}
 _MAX = {"aot_ops": 40, "runtime_ops": 26}
+
+
+def _percent(v: Any) -> str:
+    f = scalar(v)
+    return "" if f is None else f"{f:.0%}"
 
 
 def _cells(i: Any, row: Any, cols: list[str]) -> list[str]:
@@ -110,7 +115,8 @@ def _cells(i: Any, row: Any, cols: list[str]) -> list[str]:
               "runtime_ops": escape(ops_text(row.get("runtime_ops"), 40)), "gap": sci(row["gap"]),
               "local_gap": sci(row.get("local_gap")), "rel_error": sci(row.get("rel_error")),
               "×noise": "" if ratio is None else f"{ratio:.3g}", "verdict": escape(str(row.get("verdict") or "")),
-              "source": escape(short_source(row.get("source")))}
+              "source": escape(short_source(row.get("source"))),
+              "culprit%": _percent(row.get("culprit_frequency"))}
     return [values[c] for c in cols]
 
 
@@ -119,9 +125,11 @@ def gap_table(df: Any, title: str, rows: int, console: Console) -> Table:
     source column takes the room left and is cut at its end (the file name stays)."""
     shown = df if rows <= 0 else df.head(rows)
     cols = _columns(console.width, has_scale(df))
+    if "culprit_frequency" in df.columns and console.width >= 120:  # a multi-sample table
+        cols.insert(cols.index("source"), "culprit%")
     table = Table(title=escape(title), title_justify="left", expand=True, pad_edge=False)
     for c in cols:
-        right = c in ("#", "gap", "local_gap", "rel_error", "×noise")
+        right = c in ("#", "gap", "local_gap", "rel_error", "×noise", "culprit%")
         table.add_column(c, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
                          min_width=_MIN.get(c, len(str(max(len(shown) - 1, 0)))),
                          max_width=max(10, min(_MAX[c], console.width // 6)) if c in _MAX else None,
@@ -162,8 +170,22 @@ def culprit_lines(df: Any, culprits: Any, distance: str) -> list[str]:
     return out
 
 
+def sample_lines(df: Any) -> list[str]:
+    """For a multi-sample table (``df.attrs["samples"]`` > 1): how stable the culprit ranking is."""
+    a = getattr(df, "attrs", {})
+    n = a.get("samples")
+    if not isinstance(n, int) or n < 2:
+        return []
+    line = f"over {n} samples (gap columns: the worst sample; *_mean / *_max / *_p99 in the table)"
+    if a.get("rank_stability") is not None:
+        line += f"; culprit-set stability {a['rank_stability']:.2f}"
+    if a.get("top1_agreement") is not None:
+        line += f", top-1 agreement {a['top1_agreement']:.0%}"
+    return [line]
+
+
 def print_culprits(console: Console, df: Any, culprits: Any, distance: str) -> None:
-    for line in culprit_lines(df, culprits, distance):
+    for line in sample_lines(df) + culprit_lines(df, culprits, distance):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
