@@ -457,9 +457,9 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
         body = parts[:1] + body + parts[1:]
     if profile_df is not None and not profile_df.empty:
         body += ["<h2 id='profile'>Profile: slowest ops (median)</h2>", profile_chart_svg(profile_df)]
-    nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in (("culprits", "culprits"), ("graph", "graph"),
-                                                          ("table", "table"), ("profile", "profile"))
-                  if f"id='{a}'" in "".join(body))
+    sections = (("culprits", "culprits"), ("samples", "samples"), ("steps", "steps"), ("graph", "graph"),
+                ("table", "table"), ("profile", "profile"))
+    nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in sections if f"id='{a}'" in "".join(body))
     data = json.dumps({"nodes": nodes, "traces": traces.items}, separators=(",", ":")).replace("</", "<\\/")
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
             f"content='width=device-width,initial-scale=1'><title>{_e(title)}</title><style>{CSS}</style></head>"
