@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,11 +132,11 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _culprits(inspector: object, df: object) -> object:
+def _culprits(inspector: Any, df: Any) -> Any:
     """``find_culprits`` over the whole table (None when it cannot rank this table)."""
     from edgetorch.errors import EdgeTorchError
 
     try:
-        return inspector.find_culprits(df, top=10)  # type: ignore[attr-defined]
+        return inspector.find_culprits(df, top=10)
     except EdgeTorchError:
         return None
