@@ -321,3 +321,35 @@ def test_a_minimal_gap_table_still_makes_a_report(tmp_path):
     html = open(write_report(tmp_path / "m.html", df)).read()
     assert "1.000e-09" in html and "no noise scale" in html and "id='samples'" not in html
     assert "<svg class=\"graph\"" not in html and "class='culprit'" not in html
+
+
+def test_two_partitions_and_shared_handles_from_a_hand_made_graph():
+    """graph_from_module on a traced function: ops sharing a handle merge, getitem folds, each delegate call's
+    handles form its partition, and DELEGATE_CALL rows go to their partition by instruction id."""
+    from types import SimpleNamespace
+
+    from edgetorch.devtools.graph_view import graph_from_module, partitions_of
+    from edgetorch.exir.debug_handles import set_debug_handle
+
+    def f(x):
+        a = torch.relu(x)
+        b = torch.neg(a)          # same handle as relu: one ATen op decomposed into two
+        parts = torch.split(b, 2)
+        return torch.sin(parts[0]) + torch.cos(parts[1])
+
+    gm = torch.fx.symbolic_trace(f)
+    handles = iter([1, 1, 2, 3, 4, 5])
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target.__name__ != "getitem":
+            set_debug_handle(n, next(handles))
+    rec = SimpleNamespace(delegate_map={"forward": {0: {"name": "onnxruntime"}, 4: {"name": "onnxruntime"}}},
+                          debug_handle_map={"forward": {0: [1, 2], 4: [3, 4, 5]}})
+    g = graph_from_module(gm, partitions=partitions_of(rec, "forward"))
+    ops = {n.id: n for n in g.nodes}
+    assert ops["h1"].op == "relu, neg" and ops["h1"].names == ["relu", "neg"]
+    assert ops["h3"].inputs == ["h2"] and ops["h4"].inputs == ["h2"]  # split's getitems folded into split
+    assert ops["h5"].inputs == ["h3", "h4"] and ops["output"].inputs == ["h5"]
+    assert [ops[h].partition for h in ("h1", "h2", "h3", "h5")] == ["onnxruntime #0"] * 2 + ["onnxruntime #4"] * 2
+    node_row, part_row = rows_for_nodes(g, [(0, (1,), None), (1, (1, 2), 0), (2, (2,), None), (3, (3, 4, 5), 4),
+                                            (4, (5,), None), (5, (4, 5), None)])
+    assert node_row == {"h1": 0, "h2": 2, "h5": 4} and part_row == {"onnxruntime #0": 1, "onnxruntime #4": 3}
