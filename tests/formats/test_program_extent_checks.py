@@ -147,3 +147,13 @@ def test_the_intact_program_passes_and_runs(mlp):
     out = Runtime.get().load_program(_file(prog, segment), verification=Verification.Full) \
         .load_method("forward").execute(*inputs)
     assert torch.equal(out[0], expected[0])
+
+
+@pytest.mark.parametrize("value, match", [
+    (pf.DtypeV(63), "unknown dtype"), (pf.LayoutV(9), "unknown layout"), (pf.MemoryFormatV(9), "unknown memoryformat"),
+    (pf.DeviceV("\x00bad"), "unknown device"),
+])
+def test_unknown_enum_arguments(mlp, value, match):  # "unknown scalar-type code", KeyError, RuntimeError
+    def edit(prog):
+        prog.plans[0].values.append(value)
+    _refused(mlp, edit, f".values[{len(mlp[0].plans[0].values)}]", match)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from edgetorch.formats import program as pf
 
+LEAF_SPEC = '[1, {"type": null, "context": null, "children_spec": []}]'
+
 
 def test_round_trip_of_every_value_kind():
     values = [None, True, 3, 2.5, "hi", pf.IntListV((1, 2)), pf.DoubleListV((0.5,)), pf.BoolListV((True, False)),
@@ -12,7 +14,7 @@ def test_round_trip_of_every_value_kind():
               pf.TensorListV((8, 9)), pf.OptionalTensorListV((8, -1)), pf.DtypeV(5), pf.LayoutV(0),
               pf.MemoryFormatV(2), pf.DeviceV("cpu")]
     plan = pf.PlanDef(
-        name="forward", values=values, inputs=[8], outputs=[8], input_spec="s", output_spec="o",
+        name="forward", values=values, inputs=[8], outputs=[8], input_spec=LEAF_SPEC, output_spec=LEAF_SPEC,
         input_names=["x"], output_names=["y"], operators=[pf.OperatorDef("aten::add", "out")],
         delegates=[pf.BackendDelegateDef("onnxruntime", 0, [("level", b"\x01")])],
         instructions=[pf.InstructionDef(pf.KernelCallDef(0, pf.CALL_OUT, [8, 8, 3], [8]), "add", 7, "m.py:3"),

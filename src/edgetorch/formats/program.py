@@ -790,6 +790,18 @@ def _check_extent(p: PlanDef, k: int, v: TensorDef, program: ProgramDef, fail: C
                  fld + ".sizes")
 
 
+def _check_enum_value(p: PlanDef, k: int, v: Any, fail: Callable[[str, str], None]) -> None:
+    """A dtype, layout, memory format or device argument the runtime can turn into its torch object."""
+    from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT
+
+    ok = (isinstance(v, DtypeV) and _plain_scalar_type(v.scalar_type)) \
+        or (isinstance(v, LayoutV) and v.value in CODE_TO_LAYOUT) \
+        or (isinstance(v, MemoryFormatV) and v.value in CODE_TO_MEMORY_FORMAT) \
+        or (isinstance(v, DeviceV) and (v.value in ("cpu", "meta") or v.value.startswith("cpu:")))
+    if not ok:
+        fail(f"method '{p.name}': value {k} is an unknown {type(v).__name__[:-1].lower()} {v}", f"{p.name}.values[{k}]")
+
+
 def _overlaps(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     """True when two elements of the layout share an address (a planned tensor is written, so it must not)."""
     need = 1
@@ -904,6 +916,8 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
             elif isinstance(v, (TensorListV, OptionalTensorListV)):
                 for j in v.items:
                     idx(j, f"list value {k}", f"values[{k}]", allow_none=isinstance(v, OptionalTensorListV))
+            elif isinstance(v, (DtypeV, LayoutV, MemoryFormatV, DeviceV)):
+                _check_enum_value(p, k, v, fail)
             elif isinstance(v, SymIntV):
                 symexpr.parse_expr(v.expr, len(p.symbols), f"{p.name}.values[{k}]")
             elif isinstance(v, SymIntListV):
@@ -913,6 +927,9 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
         check_spec(p.input_spec, f"{p.name}.input_spec")
         check_spec(p.output_spec, f"{p.name}.output_spec")
         for j, mb in enumerate(p.mutable_buffers):
+            if not _plain_scalar_type(mb.scalar_type) or any(not 0 <= n <= MAX_TENSOR_BYTES for n in mb.sizes):
+                fail(f"{where}: mutable buffer '{mb.name}' has an unknown scalar type {mb.scalar_type} or a bad size",
+                     f"{p.name}.mutable_buffers[{j}]")
             if not 0 <= mb.constant_index < len(program.constants):
                 fail(f"{where}: mutable buffer '{mb.name}' refers to constant {mb.constant_index}, but the program "
                      f"has {len(program.constants)}", f"{p.name}.mutable_buffers[{j}].constant_index")
