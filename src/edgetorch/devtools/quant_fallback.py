@@ -36,7 +36,7 @@ from edgetorch.export import ExportRecipe, export
 from edgetorch.export.recipe import RecipeType
 
 __all__ = ["FallbackReport", "QuantizedRun", "coarsen_weight", "cosine_to_float", "fp32_recipe_of",
-           "inspect_quantized", "quantize_pt2e_program", "run_latency_ms", "selective_fallback"]
+           "inspect_quantized", "quantize_pt2e_program", "rank_layers", "run_latency_ms", "selective_fallback"]
 
 _FUSED_ACTIVATIONS = {"aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default"}
 _WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}
@@ -194,6 +194,19 @@ def _layer_nodes(run: QuantizedRun, row: pd.Series) -> list[str]:
     return names
 
 
+def rank_layers(run: QuantizedRun, ranking: str = "impact") -> pd.DataFrame:
+    """The quantized rows of ``run``'s float-reference table, worst first: by output impact (the
+    ``output_impact`` column, largest first) or by local SQNR (lowest first)."""
+    from edgetorch.devtools.inspector.float_reference import output_impact, rank_quantization_culprits
+
+    ranked = rank_quantization_culprits(run.table, top=len(run.table))
+    if ranking == "local_sqnr":
+        return ranked
+    impact = output_impact(run.inspector, run.table.attrs.get("method"))
+    ranked = ranked.assign(output_impact=[impact.get(h, 0.0) for h in ranked["float_debug_handle"]])
+    return ranked.sort_values("output_impact", ascending=False, kind="stable")
+
+
 def _export_run(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: RecipeType,
                 options: dict[str, Any]) -> QuantizedRun:
     session = export(model, list(samples), ExportRecipe.get_recipe(recipe_type, **options), generate_etrecord=True)
@@ -202,19 +215,21 @@ def _export_run(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: R
 
 def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: RecipeType,
                        max_layers: int = 3, eval_samples: Sequence[tuple] | None = None,
-                       latency_repeats: int = 3, **recipe_options: Any) -> FallbackReport:
+                       latency_repeats: int = 3, ranking: str = "impact", **recipe_options: Any) -> FallbackReport:
     """Quantizes ``model`` with ``recipe_type`` (calibrated on ``samples``), ranks its layers by the error their
     own quantization adds, then keeps the 1..``max_layers`` worst in float, one export per step. Accuracy
-    (cosine to the float model) is measured on ``eval_samples`` (default: ``samples``). ``recipe_options`` go
-    to the recipe (e.g. ``activation_observer``, or exclusions already decided)."""
-    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-
+    (cosine to the float model) is measured on ``eval_samples`` (default: ``samples``). ``ranking``: "impact"
+    (the output noise each layer's own error causes, :func:`~edgetorch.devtools.inspector.float_reference.
+    output_impact`) or "local_sqnr" (:func:`rank_quantization_culprits`). ``recipe_options`` go to the recipe
+    (e.g. ``activation_observer``, or exclusions already decided)."""
     if not isinstance(max_layers, int) or max_layers < 1:
         raise InspectorError(f"max_layers must be a positive int, got {max_layers!r}")
+    if ranking not in ("impact", "local_sqnr"):
+        raise InspectorError(f"ranking must be 'impact' or 'local_sqnr', got {ranking!r}")
     samples = [tuple(s) for s in samples]
     evals = [tuple(s) for s in (eval_samples or samples)]
     base = _export_run(model, samples, recipe_type, recipe_options)
-    culprits = rank_quantization_culprits(base.table, top=max_layers)
+    culprits = rank_layers(base, ranking).head(max_layers)
     fp32 = export(model, evals[:1], ExportRecipe.get_recipe(fp32_recipe_of(recipe_type)))
     float_ms = run_latency_ms(fp32.get_pte_buffer(), evals, latency_repeats)
     excluded: list[str] = list(recipe_options.pop("quant_exclude_nodes", ()))

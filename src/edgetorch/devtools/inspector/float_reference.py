@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +46,7 @@ from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.export.quantizer import float_handle, module_paths
 
-__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "rank_quantization_culprits"]
+__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "output_impact", "rank_quantization_culprits"]
 
 #: the ``reference_graph`` name of the float model
 FLOAT_GRAPH = "float"
@@ -452,29 +452,40 @@ def _prepared(inspector: Any, method: str) -> tuple:
     return cache[method]
 
 
+def _default_method(inspector: Any, method: str | None) -> str:
+    return method or ("forward" if "forward" in inspector.methods or not inspector.methods
+                      else inspector.methods[0])
+
+
+def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None) -> Iterator[tuple]:
+    """Per recorded sample: (flat inputs, {row node: runtime value}, {row node: (handle, runtime node name)},
+    the joint module's {row node: (float value, local value, sums)})."""
+    fgm, qgm, groups, chains, last, runner = _prepared(inspector, method)
+    order = {h: i for i, h in enumerate(last)}
+    for inputs, entries in _samples(inspector, method, runs):
+        rt = _runtime_by_edge_handle(entries, order)
+        rows: dict[torch.fx.Node, torch.Tensor] = {}
+        ends: dict[torch.fx.Node, tuple[int, str]] = {}
+        for h, chain in chains.items():
+            got = _group_value(groups[h], rt, last)
+            like = _meta_tensor(chain[-1])
+            if got is not None and like is not None and got[0].numel() == like.numel():
+                rows[chain[-1]] = got[0].reshape(like.shape).to(like.dtype)
+                ends[chain[-1]] = (h, got[1].name)
+        flat = pytree.tree_leaves(tuple(inputs))
+        yield flat, rows, ends, runner.run(flat, _quantized_inputs(qgm, rt, last, runner.placeholders), rows)
+
+
 def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
                       runs: Sequence[int] | None = None, local: bool = True) -> pd.DataFrame:
     """The per-float-op table of quantization errors (see the module docstring) over every recorded execution
     of ``method`` with a representative input (``runs``: only those sample indices)."""
     comparator = get_comparator(distance)
-    method = method or ("forward" if "forward" in inspector.methods or not inspector.methods
-                        else inspector.methods[0])
-    fgm, qgm, groups, chains, last, runner = _prepared(inspector, method)
-    order = {h: i for i, h in enumerate(last)}
+    method = _default_method(inspector, method)
+    fgm, qgm, groups, chains, _, _ = _prepared(inspector, method)
     stats: dict[int, _Stats] = {}
     with torch.no_grad():
-        for inputs, entries in _samples(inspector, method, runs):
-            rt = _runtime_by_edge_handle(entries, order)
-            rows: dict[torch.fx.Node, torch.Tensor] = {}
-            ends: dict[torch.fx.Node, tuple[int, str]] = {}
-            for h, chain in chains.items():
-                got = _group_value(groups[h], rt, last)
-                like = _meta_tensor(chain[-1])
-                if got is not None and like is not None and got[0].numel() == like.numel():
-                    rows[chain[-1]] = got[0].reshape(like.shape).to(like.dtype)
-                    ends[chain[-1]] = (h, got[1].name)
-            flat = pytree.tree_leaves(tuple(inputs))
-            values = runner.run(flat, _quantized_inputs(qgm, rt, last, runner.placeholders), rows)
+        for _, rows, ends, values in _per_sample(inspector, method, runs):
             for n, (h, rt_name) in ends.items():
                 ref, loc, sums = values[n]
                 stats.setdefault(h, _Stats(runtime_node=rt_name)).add(ref, loc, rows[n], sums, comparator)
@@ -483,6 +494,47 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
                     distance=getattr(comparator, "name", type(comparator).__name__),
                     float_ops=len(chains), samples=max((len(s.gaps) for s in stats.values()), default=0))
     return df
+
+
+class _Inject(torch.fx.Interpreter):
+    """The float graph with one op's output shifted by a noise tensor."""
+
+    def __init__(self, gm: torch.fx.GraphModule, node: torch.fx.Node, noise: torch.Tensor) -> None:
+        super().__init__(gm)
+        self.node, self.noise = node, noise
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op == "call_function" and _mutable(n):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            args, kwargs = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (args, kwargs))
+            out = self.call_function(n.target, args, kwargs)
+        else:
+            out = super().run_node(n)
+        return out + self.noise if n is self.node else out
+
+
+def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int] | None = None
+                  ) -> dict[int, float]:
+    """Per float handle: the noise-to-signal ratio the op's own (local) quantization error alone causes at the
+    float model's outputs, ``Σ‖out(float, that op's local error added) − out(float)‖² / Σ‖out(float)‖²`` over the
+    samples (one float forward per row and sample). What keeping that one layer in float would remove from the
+    outputs, to first order: the ranking of the selective fallback."""
+    method = _default_method(inspector, method)
+    fgm = _prepared(inspector, method)[0]
+    energy: dict[int, float] = {}
+    signal = 0.0
+    with torch.no_grad():
+        for flat, rows, ends, values in _per_sample(inspector, method, runs):
+            ref_out = _float_leaves(fgm(*flat))
+            signal += sum(_sq(t) for t in ref_out)
+            for n, (h, _) in ends.items():
+                out = _float_leaves(_Inject(fgm, n, rows[n] - values[n][1]).run(*flat))
+                energy[h] = energy.get(h, 0.0) + sum(_sq(a - b) for a, b in zip(out, ref_out, strict=True))
+    return {h: e / signal if signal > 0 else math.inf for h, e in energy.items()}
+
+
+def _float_leaves(tree: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 def _weight_error(fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, chain: list[torch.fx.Node],
