@@ -181,3 +181,11 @@ def test_an_entry_not_in_the_manifest_is_refused(art):
     with pytest.raises(ETRecordFormatError, match="not listed in 'manifest.json'") as ei:
         parse_etrecord(_zip(entries))
     assert ei.value.field == "extra.json"
+
+
+def test_an_unsupported_zip_version_is_a_format_error(art):  # NotImplementedError: zip file version 18.9
+    data = bytearray(open(art["etrecord"], "rb").read())
+    cd = bytes(data).index(b"PK\x01\x02")
+    data[cd + 6:cd + 8] = (189).to_bytes(2, "little")  # "version needed to extract"
+    with pytest.raises(ETRecordFormatError, match="zip file version 18.9"):
+        parse_etrecord(bytes(data))

@@ -414,7 +414,8 @@ class _Reader:
 def _open_zip(source: Any, path: str | None) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(source, "r")
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError, OverflowError,
+            struct.error, UnicodeDecodeError) as e:  # NotImplementedError: "zip file version 18.9"
         raise ETRecordFormatError(f"not an ETRecord file: not a readable zip archive ({e})",
                                   field="<archive>", path=path) from None
 
