@@ -214,3 +214,23 @@ def test_example_runs() -> None:
                          env=env, cwd=ROOT, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "which layer" in res.stdout and "kept in float" in res.stdout
+
+
+def test_output_impact_of_the_last_layer_is_its_own_noise(portable) -> None:  # noqa: ANN001
+    from edgetorch.devtools.inspector.float_reference import output_impact
+
+    model, samples, session, run = portable
+    impact = output_impact(run.inspector)
+    last = run.table[run.table["aot_ops"].map(lambda ops: ops[0]) == "linear_2"].iloc[0]
+    gm = session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
+    fc3 = next(n for n in gm.graph.nodes if n.name == "linear_2")
+    noise = signal = 0.0
+    for (x,) in samples:
+        v = _values(gm, x)
+        with torch.no_grad():
+            local = model.fc3(v[fc3.args[0].name])  # the float op on the runtime's dequantized input
+            out = model(x)
+        noise += float(((v[_downstream(gm, "linear_2")].double() - local.double()) ** 2).sum())
+        signal += float((out.double() ** 2).sum())
+    assert impact[last["float_debug_handle"]] == pytest.approx(noise / signal, rel=1e-3)
+    assert set(impact) == set(run.table["float_debug_handle"])
