@@ -136,7 +136,7 @@ def _add_node(n: torch.fx.Node, nodes: dict[str, GraphNode], alias: dict[str, st
               part_of: dict[int, str], group_by_handle: bool) -> str:
     inputs = [alias.get(a.name) for a in n.all_input_nodes]
     if n.op == "placeholder":
-        node = GraphNode(n.name, "input", kind="input", names=[n.name])
+        node = GraphNode(n.name, n.name, kind="input", names=[n.name])  # labelled with the input's name
     elif n.op == "output":
         node = GraphNode("output", "output", kind="output", names=[n.name])
     else:
