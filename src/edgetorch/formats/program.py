@@ -30,7 +30,7 @@ from edgetorch.formats.errors import ProgramFormatError
 
 MAGIC = b"EDGTPROG"
 FB_IDENTIFIER = b"EDTP"
-HEADER_VERSION = 1
+HEADER_VERSION = 2  # 2: the content hash is chunked (``content_hash``); 1: plain SHA-256 of the body (still read)
 PROGRAM_SCHEMA_VERSION = 2  # 2: bounded dynamic shapes (symbols, SymInt values) and mutable buffers
 HEADER = struct.Struct("<8sIIQQQQ32s")  # magic, header ver, schema ver, fb off, fb size, seg off, seg size, hash
 HEADER_SIZE = 128
@@ -530,15 +530,43 @@ def build_file_parts(program: ProgramDef, segments: Sequence[bytes | memoryview]
     seg_off = align(HEADER_SIZE + len(fbuf))
     seg_size = sum(memoryview(s).nbytes for s in segments)
     pad = b"\0" * (seg_off - HEADER_SIZE - len(fbuf))
-    h = hashlib.sha256()
-    h.update(fbuf)
-    h.update(pad)
-    for s in segments:
-        h.update(s)
-    header = HEADER.pack(MAGIC, HEADER_VERSION, program.version, HEADER_SIZE, len(fbuf), seg_off, seg_size,
-                         h.digest())
+    body = [memoryview(fbuf), memoryview(pad), *(memoryview(s).cast("B") for s in segments)]
+    digest = _chunked_digest(body, sum(m.nbytes for m in body))
+    header = HEADER.pack(MAGIC, HEADER_VERSION, program.version, HEADER_SIZE, len(fbuf), seg_off, seg_size, digest)
     header += b"\0" * (HEADER_SIZE - len(header))
     return [header, fbuf, pad, *segments]
+
+
+HASH_CHUNKS = 2  # header version 2: the body is hashed in this many pieces (one thread each when verifying)
+
+
+def hash_boundaries(n: int) -> list[int]:
+    """Where header version 2 cuts a body of ``n`` bytes: ``HASH_CHUNKS`` pieces, each boundary a multiple of
+    64 bytes (the last piece takes the rest)."""
+    cuts = [n * i // HASH_CHUNKS // ALIGNMENT * ALIGNMENT for i in range(HASH_CHUNKS)]
+    return cuts + [n]
+
+
+def combine_digests(digests: Sequence[bytes]) -> bytes:
+    """The version-2 content hash: SHA-256 of the concatenated SHA-256 digests of the pieces, in order."""
+    return hashlib.sha256(b"".join(digests)).digest()
+
+
+def _chunked_digest(body: Sequence[memoryview], n: int) -> bytes:
+    """The version-2 content hash of the concatenation of ``body`` (``n`` bytes), computed in one pass."""
+    cuts = hash_boundaries(n)
+    hashers = [hashlib.sha256() for _ in range(HASH_CHUNKS)]
+    pos, k = 0, 0
+    for m in body:
+        start = 0
+        while start < m.nbytes:
+            while pos + start >= cuts[k + 1] and k < HASH_CHUNKS - 1:
+                k += 1
+            take = min(m.nbytes - start, cuts[k + 1] - pos - start)
+            hashers[k].update(m[start:start + take])
+            start += take
+        pos += m.nbytes
+    return combine_digests([h.digest() for h in hashers])
 
 
 def write_program(f: BinaryIO, program: ProgramDef, segments: Sequence[bytes | memoryview]) -> str:
@@ -574,7 +602,7 @@ def read_header(buf: memoryview | bytes, what: str = "program") -> FileHeader:
     if magic != MAGIC:
         raise ProgramFormatError(f"{what}: not an edgetorch program (magic {bytes(magic)!r}, expected {MAGIC!r})",
                                  field="header.magic")
-    if hver != HEADER_VERSION:
+    if hver not in (1, HEADER_VERSION):
         raise ProgramFormatError(f"{what}: unsupported header version {hver} (this reader knows {HEADER_VERSION})",
                                  field="header.version")
     if sver not in (1, PROGRAM_SCHEMA_VERSION):

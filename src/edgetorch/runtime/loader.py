@@ -10,6 +10,7 @@ import hashlib
 import io
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +58,31 @@ def read_data(data: Any) -> tuple[Any, str | None]:
     raise TypeError(f"load_program expects a path, bytes or a binary file object, got {type(data).__name__}")
 
 
-def verify_hash(buffer: Any, header: pf.FileHeader, label: str) -> None:
-    """Recomputes the SHA-256 of everything after the header (``Verification.Full``)."""
+def _sha256(mv: memoryview, out: list[bytes], k: int) -> None:
+    out[k] = hashlib.sha256(mv).digest()  # hashlib releases the GIL on large buffers
+
+
+def body_digest(buffer: Any, header_version: int) -> str:
+    """The content hash of a .pte body (everything after the header): version 1, plain SHA-256; version 2, the
+    pieces of ``pf.hash_boundaries`` hashed in parallel threads and combined (``pf.combine_digests``)."""
     body = memoryview(buffer)[pf.HEADER_SIZE:]
-    digest = hashlib.sha256(body).hexdigest()
+    if header_version == 1:
+        return hashlib.sha256(body).hexdigest()
+    cuts = pf.hash_boundaries(body.nbytes)
+    digests: list[bytes] = [b""] * pf.HASH_CHUNKS
+    threads = [threading.Thread(target=_sha256, args=(body[cuts[k]:cuts[k + 1]], digests, k))
+               for k in range(1, pf.HASH_CHUNKS)]
+    for t in threads:
+        t.start()
+    _sha256(body[cuts[0]:cuts[1]], digests, 0)
+    for t in threads:
+        t.join()
+    return pf.combine_digests(digests).hex()
+
+
+def verify_hash(buffer: Any, header: pf.FileHeader, label: str) -> None:
+    """Recomputes the content hash of everything after the header (``Verification.Full``)."""
+    digest = body_digest(buffer, header.header_version)
     if digest != header.content_hash:
         raise ProgramFormatError(f"{label}: content hash mismatch: the header records {header.content_hash[:16]}..., "
                                  f"the file body hashes to {digest[:16]}... (the file is corrupted or was modified)",
