@@ -12,6 +12,14 @@ and inspected. Plant kinds:
   ``s * std(out)``).
 - ``two``: two weights of different ops perturbed at once (hit: the top culprit is one of them; ``both3``:
   both in the top 3).
+- ``quant_outlier``: one layer quantized badly (a weight outlier, 60 x its largest magnitude, ruins its per-tensor
+  INT8 scale), the INT8 program compared against the float model (``reference_graph="float"``); ranked by
+  ``rank_quantization_culprits`` (lowest local SQNR), the reference's way by largest accumulated gap.
+
+``--fix``: the fix figure instead: quantized ResNet-18 and transformer encoder, each with one badly quantized
+layer, tolerance twice the final error of the model quantized without it; ``find_fix`` must find and prove the
+smallest fallback set in at most 5 re-exports (rows: the set, whether it holds the planted layer, re-exports,
+final errors, latency and size per step).
 
 ``s`` runs over ``--sizes`` (default 1e-2 .. 1e-5 of the tensor's std). A plant is a top-1 hit when the first
 culprit is the planted op's row (the most specific row: a ``DELEGATE_CALL`` row counts only for a plant on the
@@ -20,6 +28,7 @@ gap (MSE). ``clean`` counts the culprits named on each unplanted program (target
 
     python bench/bench_culprits.py                     # every family, portable and ORT
     python bench/bench_culprits.py --families mlp,bert --backends ort --sizes 1e-3
+    python bench/bench_culprits.py --fix
 """
 
 from __future__ import annotations
@@ -279,6 +288,106 @@ def run_program(family: str, backend: str, sizes: tuple[float, ...], sites: int,
     return results, clean
 
 
+# -- one layer quantized badly, compared against the float model (inspector.float_reference) --------------------
+QUANT_FAMILIES = ("mlp", "small_cnn", "transformer_encoder", "vit_tiny")
+
+
+def _outlier(model: torch.nn.Module, name: str, factor: float = 60.0) -> None:
+    p = dict(model.named_parameters())[name]
+    with torch.no_grad():
+        p.view(-1)[0] = factor * p.abs().max()
+
+
+def _calibration(inputs: tuple, n: int, seed: int = 0) -> list[tuple]:
+    g = torch.Generator().manual_seed(seed)
+
+    def like(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            return torch.randn(t.shape, generator=g, dtype=t.dtype)
+        return torch.randint(0, int(t.max()) + 1, t.shape, generator=g, dtype=t.dtype)
+
+    return [tuple(inputs)] + [tuple(like(t) for t in inputs) for _ in range(n - 1)]
+
+
+def _consumers(model: torch.nn.Module, inputs: tuple) -> dict[str, set[str]]:
+    ep = torch.export.export(model, inputs)
+    sig = ep.graph_signature.inputs_to_parameters
+    return {sig[n.name]: {u.name for u in n.users} for n in ep.graph.nodes if n.name in sig}
+
+
+def run_quant(family: str, sites: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Plants a weight outlier (60 x the largest magnitude) in one layer, quantizes (INT8 per tensor, portable),
+    ranks the float-reference rows (lowest local SQNR first) and the reference's way (largest accumulated gap)."""
+    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+    from edgetorch.devtools.quant_fallback import inspect_quantized
+    from edgetorch.export import ExportRecipe, PortableRecipeType
+    from edgetorch.export import export as session_export
+
+    model, inputs = build(family)
+    consumers = _consumers(model, inputs)
+    params = dict(model.named_parameters())
+    cands = [n for n, p in params.items() if p.dim() >= 2 and n in consumers and
+             any(u.startswith(("linear", "conv")) for u in consumers[n])]
+    out = []
+    for name in _spread(cands, sites):
+        m, _ = build(family)
+        _outlier(m, name)
+        samples = _calibration(inputs, 4)
+        recipe = ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_TENSOR)
+        et = session_export(m, samples, recipe, generate_etrecord=True).get_executorch_program_manager()
+        table = inspect_quantized(et, samples).table
+        ours = rank_quantization_culprits(table, top=3)
+        acc = table.assign(_g=[g[0] if isinstance(g, list) else g for g in table["gap"]]).sort_values(
+            "_g", ascending=False, kind="stable").head(3)
+        hit = [bool(set(ops) & consumers[name]) for ops in ours["aot_ops"]]
+        ref = [bool(set(ops) & consumers[name]) for ops in acc["aot_ops"]]
+        r = {"family": family, "backend": "portable_int8", "kind": "quant_outlier", "size": 60.0, "target": name,
+             "top1": bool(hit[:1] and hit[0]), "top3": any(hit), "ref_top1": bool(ref[:1] and ref[0]),
+             "ref_top3": any(ref), "named": len(ours)}
+        out.append(r)
+        log(f"  quant_outlier {name:40s} top1={int(r['top1'])} top3={int(r['top3'])} ref_top1={int(r['ref_top1'])}")
+    return out
+
+
+# -- fix and prove it -----------------------------------------------------------------------------------------
+FIX_CASES = (("resnet18", "layer2.0.conv1.weight"), ("transformer_encoder", "layers.1.fc1.weight"))
+
+
+def run_fix(log: Callable[[str], None], max_reexports: int = 5) -> list[dict[str, Any]]:
+    """Quantized (INT8 per tensor, portable) ResNet-18 and transformer encoder, each with one badly quantized
+    layer (a weight outlier): the tolerance is twice the final error of the same model quantized without the
+    outlier; ``find_fix`` must find and prove the smallest fallback set within ``max_reexports``."""
+    from edgetorch.devtools.fix import final_error, find_fix
+    from edgetorch.export import ExportRecipe, PortableRecipeType
+    from edgetorch.export import export as session_export
+    from edgetorch.runtime import Runtime
+
+    recipe = PortableRecipeType.INT8_STATIC_PER_TENSOR
+    rows = []
+    for family, layer in FIX_CASES:
+        clean, inputs = build(family)
+        samples = _calibration(inputs, 4)
+        pte = session_export(clean, samples, ExportRecipe.get_recipe(recipe)).get_pte_buffer()
+        method = Runtime.get().load_program(pte).load_method("forward")
+        with torch.no_grad():
+            clean_err = final_error([clean(*s) for s in samples], [method.execute(*s) for s in samples])
+        model, _ = build(family)
+        _outlier(model, layer)
+        tol = 2 * clean_err
+        log(f"{family}: INT8 without the outlier: final error {clean_err:.3e}; tolerance {tol:.3e}")
+        res = find_fix(model, samples, recipe, tol, max_reexports=max_reexports,
+                       progress=lambda msg, f=family: log(f"  {f}: {msg}"))
+        planted = _consumers(model, inputs)[layer]
+        rows.append({"family": family, "layer": layer, "tolerance": tol, "baseline": res.baseline.final_error,
+                     "fix": res.fix, "contains_planted": bool(res.fix and set(res.fix) & planted),
+                     "reexports": res.reexports, "proven": res.proven,
+                     "final": res.fix_step.final_error if res.fix_step else None,
+                     "latency_ms": [round(s.latency_ms, 2) for s in res.steps],
+                     "size_bytes": [s.size_bytes for s in res.steps]})
+        log(f"{family}: {res.summary()}")
+    return rows
+
+
 def summarize(results: list[dict[str, Any]], clean: dict[str, int]) -> str:
     import pandas as pd
 
@@ -310,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default=",".join(f"{s:g}" for s in SIZES))
     ap.add_argument("--sites", type=int, default=2, help="weights and kernels planted per program and size")
     ap.add_argument("--clean-only", action="store_true", help="only count culprits on the clean programs")
+    ap.add_argument("--quant-families", default=",".join(QUANT_FAMILIES),
+                    help="families of the quantized-outlier plants ('' to skip)")
+    ap.add_argument("--fix", action="store_true", help="only the fix figure (quantized ResNet-18 and encoder)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     sizes = tuple(float(s) for s in args.sizes.split(","))
@@ -320,11 +432,18 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
-    for family in args.families.split(","):
+    if args.fix:
+        for row in run_fix(log):
+            print(row)
+        return 0
+    for family in [f for f in args.families.split(",") if f]:
         for backend in args.backends.split(","):
             r, c = run_program(family, backend, () if args.clean_only else sizes, args.sites, log)
             results += r
             clean[f"{family}/{backend}"] = c
+    if not args.clean_only:
+        for family in [f for f in args.quant_families.split(",") if f]:
+            results += run_quant(family, args.sites, log)
     print(summarize(results, clean))
     return 0
 
