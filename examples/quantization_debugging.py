@@ -3,8 +3,9 @@
 For each model (random weights, no download): export it with a PT2E INT8 recipe and an ETRecord (which then holds
 the float program too), run the .pte on the calibration samples with an ETDump and a debug buffer, and compare
 every float op with the runtime (``calculate_numeric_gap(..., reference_graph="float")``): the accumulated
-error, the error the op's own quantization adds (local), SQNR, TFLite's RMSE/scale and the weight error. Then
-keep the worst layers in float (the recipe's ``quant_exclude_nodes``) and see what each step buys back.
+error, the error the op's own quantization adds (local), SQNR, TFLite's RMSE/scale, the weight error, and the
+output noise each layer's own error causes. Then keep the worst layers in float (the recipe's
+``quant_exclude_nodes``) and see what each step buys back.
 
     python examples/quantization_debugging.py                              # ResNet-18 and BERT, portable
     python examples/quantization_debugging.py --models bert --backend onnxruntime --samples 4
@@ -20,12 +21,12 @@ import pandas as pd
 import torch
 
 from edgetorch.devtools import Inspector
-from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+from edgetorch.devtools.inspector.float_reference import output_impact, rank_quantization_culprits
 from edgetorch.devtools.quant_fallback import selective_fallback
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
 from edgetorch.runtime import Runtime
 
-COLUMNS = ["aot_ops", "module", "sqnr_db", "local_sqnr_db", "rmse_over_scale", "weight_sqnr_db"]
+COLUMNS = ["aot_ops", "module", "sqnr_db", "local_sqnr_db", "rmse_over_scale", "weight_sqnr_db", "output_impact"]
 
 
 def resnet18(n: int) -> tuple[torch.nn.Module, list[tuple]]:
@@ -55,7 +56,8 @@ def recipe_type(backend: str) -> PortableRecipeType | OrtRecipeType:
 
 
 def which_layer(model: torch.nn.Module, samples: list[tuple], backend: str, out: str) -> pd.DataFrame:
-    """Steps 1-3: quantize with an ETRecord, run with a debug buffer, compare against the float model."""
+    """Steps 1-3: quantize with an ETRecord, run with a debug buffer, compare against the float model; then
+    how much output noise each layer's own error causes (its local error injected into the float model)."""
     session = export(model, samples, ExportRecipe.get_recipe(recipe_type(backend)), generate_etrecord=True)
     record = session.get_etrecord()                          # graph_map["float/forward"]: the float program
     record.update_representative_inputs(samples)             # every calibration sample: one run each below
@@ -67,7 +69,9 @@ def which_layer(model: torch.nn.Module, samples: list[tuple], backend: str, out:
     program.write_etdump_result_to_file(os.path.join(out, "model.etdp"), os.path.join(out, "model_debug.bin"))
     inspector = Inspector(etdump_path=os.path.join(out, "model.etdp"), etrecord=os.path.join(out, "model.etrecord"),
                           debug_buffer_path=os.path.join(out, "model_debug.bin"))
-    return inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    table = inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    impact = output_impact(inspector)                       # {float handle: output noise / output signal}
+    return table.assign(output_impact=[impact.get(h) for h in table["float_debug_handle"]])
 
 
 def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
@@ -87,7 +91,10 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
             table = which_layer(model, samples, args.backend, out)
         print(f"\n== {name} ({args.backend}): {len(table)} float ops compared over {table.attrs['samples']} "
               "samples; which layer's INT8 adds the most error (lowest local SQNR first):")
-        print(rank_quantization_culprits(table, top=5)[COLUMNS].to_string(index=False, float_format="%.2f"))
+        print(rank_quantization_culprits(table, top=5)[COLUMNS].to_string(index=False, float_format="%.3g"))
+        print("which layer's error reaches the output most (output_impact: output noise / signal it causes):")
+        worst = table[table["quantized"]].sort_values("output_impact", ascending=False).head(5)
+        print(worst[COLUMNS].to_string(index=False, float_format="%.3g"))
         print("accumulated SQNR of the last float op compared:", f"{table['sqnr_db'].iloc[-1]:.2f} dB")
         report = selective_fallback(model, samples, recipe_type(args.backend), max_layers=args.fallback_layers)
         print("layers kept in float, step by step (cosine to the float model, latency on the edgetorch runtime):")

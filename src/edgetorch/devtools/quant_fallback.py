@@ -41,6 +41,9 @@ __all__ = ["FallbackReport", "QuantizedRun", "coarsen_weight", "cosine_to_float"
 _FUSED_ACTIVATIONS = {"aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default"}
 _WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}
 _BATCH_NORMS = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
+#: what SymmetricInt8Quantizer annotates (and an exclusion can therefore keep float)
+_ANNOTATED = _WEIGHTED | _FUSED_ACTIVATIONS | {"aten.add.Tensor", "aten.add_.Tensor", "aten.max_pool2d.default",
+                                               "aten.avg_pool2d.default", "aten.adaptive_avg_pool2d.default"}
 
 
 @dataclass
@@ -179,19 +182,41 @@ def fp32_recipe_of(recipe_type: RecipeType) -> RecipeType:
 
 
 def _layer_nodes(run: QuantizedRun, row: pd.Series) -> list[str]:
-    """The float node names to keep in float for one culprit row: its op (a conv/linear whose output the row's
-    fused relu/hardtanh quantizes included, so the whole quantized pattern stays float)."""
-    names = [row["aot_ops"][0]]
-    if row["float_op"] in _FUSED_ACTIVATIONS:
-        fgm = run.inspector.etrecord.graph_map[f"float/{run.table.attrs.get('method', 'forward')}"].graph_module
-        node = next((n for n in fgm.graph.nodes if n.name == names[0]), None)
-        producer = node.args[0] if node is not None and node.args else None
+    """The float node names to keep in float for one culprit row: its op when the quantizer annotates it (with
+    the conv/linear whose output a fused relu/hardtanh row quantizes); for an op the quantizer leaves alone
+    (layer norm, view, dropout, ...), whose output is quantized as the input of its consumers, those consumers."""
+    fgm = run.inspector.etrecord.graph_map[f"float/{run.table.attrs.get('method', 'forward')}"].graph_module
+    node = next((n for n in fgm.graph.nodes if n.name == row["aot_ops"][0]), None)
+    if node is None:
+        return [row["aot_ops"][0]]
+    target = str(node.target)
+    if target in _FUSED_ACTIVATIONS:
+        producer = node.args[0] if node.args else None
         while isinstance(producer, torch.fx.Node) and str(producer.target) in _BATCH_NORMS \
                 and len(producer.users) == 1:  # a batch norm folded into the conv at prepare time
             producer = producer.args[0]
         if isinstance(producer, torch.fx.Node) and str(producer.target) in _WEIGHTED and len(producer.users) == 1:
-            names.insert(0, producer.name)
-    return names
+            return [producer.name, node.name]
+        return [node.name]
+    if target in _ANNOTATED:
+        return [node.name]
+    return _annotated_consumers(node)
+
+
+def _annotated_consumers(node: torch.fx.Node, depth: int = 4) -> list[str]:
+    """The ops the quantizer annotates among ``node``'s consumers, looking through up to ``depth`` others."""
+    out: list[str] = []
+    todo, seen = [(u, 1) for u in node.users], set()
+    while todo:
+        u, d = todo.pop(0)
+        if u in seen or u.op != "call_function":
+            continue
+        seen.add(u)
+        if str(u.target) in _ANNOTATED:
+            out.append(u.name)
+        elif d < depth:
+            todo += [(v, d + 1) for v in u.users]
+    return out
 
 
 def rank_layers(run: QuantizedRun, ranking: str = "impact") -> pd.DataFrame:
