@@ -212,3 +212,31 @@ def test_find_culprits_arguments_are_checked():
     with pytest.raises(InspectorError, match="lacks the columns"):
         find_culprits(df.drop(columns=["noise_floor"]))
     assert math.isfinite(df["noise_floor"].dropna().astype(float).max())
+
+
+def test_fault_below_ort_noise_in_absolute_terms_is_judged_on_the_relative_scale(monkeypatch):
+    """(c): the final linear of an ORT program works on values a million times smaller than the convolutions';
+    a fault of 1e-3 of its weight's std is far below the convolutions' ORT-vs-ATen round-off in MSE, yet it is
+    the only op adding error beyond its noise floor."""
+    from edgetorch.models import get_model
+
+    def tiny_head(family):
+        model, inputs = get_model("small_cnn")
+        with torch.no_grad():
+            model.fc.weight.mul_(1e-6)
+            model.fc.bias.mul_(1e-6)
+        return model, inputs
+
+    monkeypatch.setattr(B, "build", tiny_head)
+    prog = B.export("small_cnn_tiny_head", "ort")
+    insp, df = B.debug_run(prog, B.perturb_weights(prog, ["fc.weight"], 1e-3))
+    cul = insp.find_culprits(df, top=3)
+    assert len(cul) == 1 and set(cul.iloc[0]["aot_ops"]) & prog.consumers["fc.weight"]
+    row = cul.iloc[0]
+    assert row["local_rel_error"] > 10 * row["noise_floor"]
+    # in absolute terms the fault is smaller than what the convolutions' rounding makes (when ORT rounds
+    # differently from ATen on this machine): the MSE ranking would not put it first
+    convs = [lg[0] for ops, lg in zip(df["aot_ops"], df["local_gap"]) if ops[0].startswith("conv")]
+    if max(convs) > row["local_gap"][0]:
+        by_mse = max(zip(df["local_gap"], df.index), key=lambda t: t[0][0] or 0.0)[1]
+        assert by_mse != row.name
