@@ -41,10 +41,6 @@ _KEEP = ("aot_debug_handle", "aot_ops", "runtime_ops", "runtime_debug_handle", "
          "stacktraces")
 
 
-def _key(row: Any) -> tuple:
-    return (tuple(row["aot_debug_handle"]), int(row["instruction_id"]), tuple(row["runtime_ops"]))
-
-
 def _val(v: Any) -> float:
     if isinstance(v, (list, tuple)):
         v = v[0] if v else None
@@ -90,14 +86,17 @@ class _Stats:
         self.ranks: list[list[tuple]] = []
 
     def add(self, df: pd.DataFrame, top: int) -> None:
-        keys = [_key(r) for _, r in df[["aot_debug_handle", "instruction_id", "runtime_ops"]].iterrows()]
-        for k, (_, row) in zip(keys, df.iterrows()):
+        cols = {c: df[c].tolist() for c in {*_KEEP, *STATS, "aot_debug_handle", "instruction_id", "runtime_ops"}
+                if c in df.columns}  # column lists: no per-row Series (pandas copies attrs for each)
+        keys = [(tuple(a), int(i), tuple(o)) for a, i, o in zip(cols["aot_debug_handle"], cols["instruction_id"],
+                                                                 cols["runtime_ops"])]
+        for j, k in enumerate(keys):
             if k not in self.first:
-                self.first[k] = {c: row[c] for c in _KEEP if c in df.columns}
+                self.first[k] = {c: cols[c][j] for c in _KEEP if c in cols}
                 self.order.append(k)
                 self.values[k] = {s: [] for s in STATS}
             for s in STATS:
-                self.values[k][s].append(_val(row[s]))
+                self.values[k][s].append(_val(cols[s][j]))
         cul = find_culprits(df, top=max(top, 1))
         self.ranks.append([keys[df.index.get_loc(i)] for i in cul.index])
 
