@@ -221,13 +221,14 @@ def _annotated_consumers(node: torch.fx.Node, depth: int = 4) -> list[str]:
 
 def rank_layers(run: QuantizedRun, ranking: str = "impact") -> pd.DataFrame:
     """The quantized rows of ``run``'s float-reference table, worst first: by output impact (the
-    ``output_impact`` column, largest first) or by local SQNR (lowest first)."""
+    ``output_impact`` column: the cosine to the float outputs each row's own error costs alone, largest first) or
+    by local SQNR (lowest first)."""
     from edgetorch.devtools.inspector.float_reference import output_impact, rank_quantization_culprits
 
     ranked = rank_quantization_culprits(run.table, top=len(run.table))
     if ranking == "local_sqnr":
         return ranked
-    impact = output_impact(run.inspector, run.table.attrs.get("method"))
+    impact = output_impact(run.inspector, run.table.attrs.get("method"), metric="cosine")
     ranked = ranked.assign(output_impact=[impact.get(h, 0.0) for h in ranked["float_debug_handle"]])
     return ranked.sort_values("output_impact", ascending=False, kind="stable")
 

@@ -513,24 +513,38 @@ class _Inject(torch.fx.Interpreter):
         return out + self.noise if n is self.node else out
 
 
-def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int] | None = None
-                  ) -> dict[int, float]:
-    """Per float handle: the noise-to-signal ratio the op's own (local) quantization error alone causes at the
-    float model's outputs, ``Σ‖out(float, that op's local error added) − out(float)‖² / Σ‖out(float)‖²`` over the
-    samples (one float forward per row and sample). What keeping that one layer in float would remove from the
-    outputs, to first order: the ranking of the selective fallback."""
+def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int] | None = None,
+                  metric: str = "nsr") -> dict[int, float]:
+    """Per float handle: what the op's own (local) quantization error alone does to the float model's outputs,
+    injected into the float model (one float forward per row and sample): ``metric="nsr"``, the noise-to-signal
+    ratio ``Σ‖out(float + that error) − out(float)‖² / Σ‖out(float)‖²``; ``"cosine"``, the mean cosine lost,
+    ``1 − cos(out(float + that error), out(float))`` (all floating-point outputs flattened together). What
+    keeping that one layer in float would win back, to first order: the ranking of the selective fallback."""
+    if metric not in ("nsr", "cosine"):
+        raise InspectorError(f"metric must be 'nsr' or 'cosine', got {metric!r}")
     method = _default_method(inspector, method)
     fgm = _prepared(inspector, method)[0]
-    energy: dict[int, float] = {}
-    signal = 0.0
+    acc: dict[int, float] = {}
+    signal, samples = 0.0, 0
     with torch.no_grad():
         for flat, rows, ends, values in _per_sample(inspector, method, runs):
-            ref_out = _float_leaves(fgm(*flat))
-            signal += sum(_sq(t) for t in ref_out)
+            ref_out = _flat_cat(fgm(*flat))
+            signal += _sq(ref_out)
+            samples += 1
             for n, (h, _) in ends.items():
-                out = _float_leaves(_Inject(fgm, n, rows[n] - values[n][1]).run(*flat))
-                energy[h] = energy.get(h, 0.0) + sum(_sq(a - b) for a, b in zip(out, ref_out, strict=True))
-    return {h: e / signal if signal > 0 else math.inf for h, e in energy.items()}
+                out = _flat_cat(_Inject(fgm, n, rows[n] - values[n][1]).run(*flat))
+                if metric == "nsr":
+                    acc[h] = acc.get(h, 0.0) + _sq(out - ref_out)
+                else:
+                    cos = torch.nn.functional.cosine_similarity(out.double(), ref_out.double(), dim=0).item()
+                    acc[h] = acc.get(h, 0.0) + (1.0 - cos)
+    norm = signal if metric == "nsr" else float(samples)
+    return {h: v / norm if norm > 0 else math.inf for h, v in acc.items()}
+
+
+def _flat_cat(tree: Any) -> torch.Tensor:
+    leaves = [t.reshape(-1) for t in _float_leaves(tree)]
+    return torch.cat(leaves) if leaves else torch.zeros(0)
 
 
 def _float_leaves(tree: Any) -> list[torch.Tensor]:
