@@ -359,7 +359,10 @@ class Inspector:
         """Per-op gaps between the reference program and the runtime intermediates.
 
         Rows follow execution order; ``gap`` is the accumulated gap, ``local_gap`` the gap of the op re-run on
-        the runtime's own inputs. ``run`` picks which recorded execution (and representative input) to use.
+        the runtime's own inputs; ``rel_error`` / ``local_rel_error`` the same as relative L2 errors,
+        ``noise_floor`` the relative error rounding explains and ``verdict`` exact / noise / real
+        (``inspector.noise``; ``find_culprits`` keeps the real ones).
+        ``run`` picks which recorded execution (and representative input) to use.
         ``execution`` (an index into ``self.executions``, any method) instead replays the reference on the
         recorded inputs of every execution up to that one, mutable state carried over (``method``, ``run`` and
         ``inputs`` are then ignored; see ``inspector.generation``).

@@ -20,6 +20,18 @@ integer and bool rows are compared exactly and report ``MISMATCH_FRACTION`` (``c
 fraction of elements that differ (0.0 = identical, larger is worse, whatever the distance), with the count of
 differing elements in ``mismatches`` (None on floating-point rows). ``dtype`` is the dtype both sides share.
 ``df.attrs["distance"]`` is the requested metric and ``df.attrs["exact_metric"]`` the one of exact rows.
+
+Scale-aware columns (``inspector.noise``): ``rel_error`` (accumulated ``||runtime - ref||_2 / ||ref||_2``),
+``local_rel_error`` (the same on the local comparison), ``noise_floor`` (the relative error rounding in the row's
+dtype explains for the ops the local comparison re-runs; delegate rows allow for reassociation) and ``verdict``
+(``"exact"``, ``"noise"`` or ``"real"``, on the local error); None on integer/bool rows except ``verdict``.
+``ref_handle`` is the handle whose reference output the row is compared with. ``df.attrs["noise_model"]``
+describes the model and its constants.
+
+Multi-output ops. Every output the runtime logged replaces the reference's in the local walk (a kernel's outputs
+by position; a delegate's, logged in no known order, each paired with the closest output of its dtype and size);
+an output it did not log takes the op's value re-run on the runtime's inputs, so the error upstream of it is
+not charged to the ops downstream.
 """
 
 from __future__ import annotations
