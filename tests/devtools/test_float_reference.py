@@ -234,3 +234,19 @@ def test_output_impact_of_the_last_layer_is_its_own_noise(portable) -> None:  # 
         signal += float((out.double() ** 2).sum())
     assert impact[last["float_debug_handle"]] == pytest.approx(noise / signal, rel=1e-3)
     assert set(impact) == set(run.table["float_debug_handle"])
+
+
+def test_every_local_error_injected_into_the_float_model_reproduces_the_runtime(portable) -> None:  # noqa: ANN001
+    from edgetorch.devtools.inspector import float_reference as fr
+
+    _, _, _, run = portable
+    fgm = fr._prepared(run.inspector, "forward")[0]
+    for (flat, rows, ends, values, _), out in zip(fr._per_sample(run.inspector, "forward", None), run.outputs,
+                                                   strict=True):
+        noise = {n: rows[n] - values[n][1] for n in ends}
+        with torch.no_grad():
+            got = fr._Inject(fgm, noise).run(*flat)
+        torch.testing.assert_close(got[0], out[0], rtol=0, atol=1e-5)
+    steps = fr.simulate_fallback(run.inspector, steps=2)
+    assert len(steps) == 2 and {h for h, _ in steps} <= set(run.table["float_debug_handle"])
+    assert all(0.0 < c <= 1.0 + 1e-9 for _, c in steps)

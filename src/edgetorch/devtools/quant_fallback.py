@@ -219,15 +219,26 @@ def _annotated_consumers(node: torch.fx.Node, depth: int = 4) -> list[str]:
     return out
 
 
-def rank_layers(run: QuantizedRun, ranking: str = "impact") -> pd.DataFrame:
-    """The quantized rows of ``run``'s float-reference table, worst first: by output impact (the
-    ``output_impact`` column: the cosine to the float outputs each row's own error costs alone, largest first) or
-    by local SQNR (lowest first)."""
-    from edgetorch.devtools.inspector.float_reference import output_impact, rank_quantization_culprits
+def rank_layers(run: QuantizedRun, ranking: str = "simulate", steps: int = 3) -> pd.DataFrame:
+    """The quantized rows of ``run``'s float-reference table, worst first: "simulate" (the default: the ``steps``
+    rows :func:`~edgetorch.devtools.inspector.float_reference.simulate_fallback` picks greedily, in its order,
+    with a ``simulated_cosine`` column), "impact" (the ``output_impact`` column: the cosine to the float outputs
+    each row's own error costs alone, largest first) or "local_sqnr" (lowest first)."""
+    from edgetorch.devtools.inspector.float_reference import (
+        output_impact,
+        rank_quantization_culprits,
+        simulate_fallback,
+    )
 
     ranked = rank_quantization_culprits(run.table, top=len(run.table))
     if ranking == "local_sqnr":
         return ranked
+    if ranking == "simulate":
+        order = simulate_fallback(run.inspector, steps, run.table.attrs.get("method"))
+        by_handle = {h: i for i, (h, _) in enumerate(order)}
+        picked = ranked[ranked["float_debug_handle"].isin(by_handle)]
+        picked = picked.assign(simulated_cosine=[order[by_handle[h]][1] for h in picked["float_debug_handle"]])
+        return picked.iloc[sorted(range(len(picked)), key=lambda i: by_handle[picked["float_debug_handle"].iloc[i]])]
     impact = output_impact(run.inspector, run.table.attrs.get("method"), metric="cosine")
     ranked = ranked.assign(output_impact=[impact.get(h, 0.0) for h in ranked["float_debug_handle"]])
     return ranked.sort_values("output_impact", ascending=False, kind="stable")
@@ -241,34 +252,33 @@ def _export_run(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: R
 
 def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: RecipeType,
                        max_layers: int = 3, eval_samples: Sequence[tuple] | None = None,
-                       latency_repeats: int = 3, ranking: str = "impact", **recipe_options: Any) -> FallbackReport:
+                       latency_repeats: int = 3, ranking: str = "simulate", **recipe_options: Any) -> FallbackReport:
     """Quantizes ``model`` with ``recipe_type`` (calibrated on ``samples``), ranks its layers by the error their
     own quantization adds, then keeps the 1..``max_layers`` worst in float, one export per step. Accuracy
-    (cosine to the float model) is measured on ``eval_samples`` (default: ``samples``). ``ranking``: "impact"
-    (the output noise each layer's own error causes, :func:`~edgetorch.devtools.inspector.float_reference.
-    output_impact`) or "local_sqnr" (:func:`rank_quantization_culprits`). ``recipe_options`` go to the recipe
-    (e.g. ``activation_observer``, or exclusions already decided)."""
+    (cosine to the float model) is measured on ``eval_samples`` (default: ``samples``). ``ranking``: see
+    :func:`rank_layers`. ``recipe_options`` go to the recipe (e.g. ``activation_observer``, or exclusions
+    already decided)."""
     if not isinstance(max_layers, int) or max_layers < 1:
         raise InspectorError(f"max_layers must be a positive int, got {max_layers!r}")
-    if ranking not in ("impact", "local_sqnr"):
-        raise InspectorError(f"ranking must be 'impact' or 'local_sqnr', got {ranking!r}")
+    if ranking not in ("simulate", "impact", "local_sqnr"):
+        raise InspectorError(f"ranking must be 'simulate', 'impact' or 'local_sqnr', got {ranking!r}")
     samples = [tuple(s) for s in samples]
     evals = [tuple(s) for s in (eval_samples or samples)]
     base = _export_run(model, samples, recipe_type, recipe_options)
-    culprits = rank_layers(base, ranking).head(max_layers)
+    culprits = rank_layers(base, ranking, max_layers).head(max_layers)
     fp32 = export(model, evals[:1], ExportRecipe.get_recipe(fp32_recipe_of(recipe_type)))
     float_ms = run_latency_ms(fp32.get_pte_buffer(), evals, latency_repeats)
     excluded: list[str] = list(recipe_options.pop("quant_exclude_nodes", ()))
     rows, runs = [], [base]
-    for step in range(len(culprits) + 1):
-        if step:
-            excluded += [n for n in _layer_nodes(base, culprits.iloc[step - 1]) if n not in excluded]
-            opts = {**recipe_options, "quant_exclude_nodes": tuple(excluded)}
-            session = export(model, samples, ExportRecipe.get_recipe(recipe_type, **opts))
-            et = session.get_executorch_program_manager()
-        else:
-            et = base.et
-        rows.append(_measure(model, et, evals, step, excluded, latency_repeats))
+    rows.append(_measure(model, base.et, evals, 0, excluded, latency_repeats))
+    for k in range(len(culprits)):
+        new = [n for n in _layer_nodes(base, culprits.iloc[k]) if n not in excluded]
+        if not new:  # an earlier step already keeps this culprit float
+            continue
+        excluded += new
+        opts = {**recipe_options, "quant_exclude_nodes": tuple(excluded)}
+        et = export(model, samples, ExportRecipe.get_recipe(recipe_type, **opts)).get_executorch_program_manager()
+        rows.append(_measure(model, et, evals, len(rows), excluded, latency_repeats))
     steps = pd.DataFrame(rows)
     lost = 1.0 - steps["cosine"].iloc[0]
     steps["accuracy_recovered"] = [(c - steps["cosine"].iloc[0]) / lost if lost > 0 else 0.0

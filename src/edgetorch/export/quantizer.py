@@ -53,6 +53,9 @@ _WEIGHTED = {aten.conv1d.default, aten.conv2d.default, aten.linear.default}
 _ACTIVATIONS = {aten.relu.default, aten.relu_.default, aten.hardtanh.default, aten.hardtanh_.default}
 _ADDS = {aten.add.Tensor, aten.add_.Tensor}
 _POOLS = {aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default}
+#: every op the quantizer may annotate (and an exclusion can therefore keep float)
+ANNOTATED_OPS = frozenset(_WEIGHTED | _ACTIVATIONS | _ADDS | _POOLS)
+WEIGHTED_OPS = frozenset(_WEIGHTED)
 
 
 @dataclass(frozen=True)

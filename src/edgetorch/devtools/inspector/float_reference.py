@@ -44,9 +44,9 @@ from edgetorch.devtools.inspector.comparators import get_comparator
 from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry
 from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
-from edgetorch.export.quantizer import float_handle, module_paths
+from edgetorch.export.quantizer import ANNOTATED_OPS, float_handle, module_paths
 
-__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "output_impact", "rank_quantization_culprits"]
+__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "output_impact", "rank_quantization_culprits", "simulate_fallback"]
 
 #: the ``reference_graph`` name of the float model
 FLOAT_GRAPH = "float"
@@ -459,21 +459,28 @@ def _default_method(inspector: Any, method: str | None) -> str:
 
 def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None) -> Iterator[tuple]:
     """Per recorded sample: (flat inputs, {row node: runtime value}, {row node: (handle, runtime node name)},
-    the joint module's {row node: (float value, local value, sums)})."""
+    the joint module's {row node: (float value, local value, sums)}, {row node: the runtime value before the
+    group's output quantization, where it has one})."""
     fgm, qgm, groups, chains, last, runner = _prepared(inspector, method)
     order = {h: i for i, h in enumerate(last)}
     for inputs, entries in _samples(inspector, method, runs):
         rt = _runtime_by_edge_handle(entries, order)
         rows: dict[torch.fx.Node, torch.Tensor] = {}
         ends: dict[torch.fx.Node, tuple[int, str]] = {}
+        pre: dict[torch.fx.Node, torch.Tensor] = {}
         for h, chain in chains.items():
             got = _group_value(groups[h], rt, last)
             like = _meta_tensor(chain[-1])
             if got is not None and like is not None and got[0].numel() == like.numel():
                 rows[chain[-1]] = got[0].reshape(like.shape).to(like.dtype)
                 ends[chain[-1]] = (h, got[1].name)
+                before = _group_value(_Group(h, [], groups[h].sources[-1:]), rt, last)
+                if got[1] is not groups[h].sources[-1].node and before is not None \
+                        and before[0].numel() == like.numel():
+                    pre[chain[-1]] = before[0].reshape(like.shape).to(like.dtype)
         flat = pytree.tree_leaves(tuple(inputs))
-        yield flat, rows, ends, runner.run(flat, _quantized_inputs(qgm, rt, last, runner.placeholders), rows)
+        values = runner.run(flat, _quantized_inputs(qgm, rt, last, runner.placeholders), rows)
+        yield flat, rows, ends, values, pre
 
 
 def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
@@ -485,7 +492,7 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
     fgm, qgm, groups, chains, _, _ = _prepared(inspector, method)
     stats: dict[int, _Stats] = {}
     with torch.no_grad():
-        for _, rows, ends, values in _per_sample(inspector, method, runs):
+        for _, rows, ends, values, _ in _per_sample(inspector, method, runs):
             for n, (h, rt_name) in ends.items():
                 ref, loc, sums = values[n]
                 stats.setdefault(h, _Stats(runtime_node=rt_name)).add(ref, loc, rows[n], sums, comparator)
@@ -497,11 +504,11 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
 
 
 class _Inject(torch.fx.Interpreter):
-    """The float graph with one op's output shifted by a noise tensor."""
+    """The float graph with some ops' outputs shifted by noise tensors."""
 
-    def __init__(self, gm: torch.fx.GraphModule, node: torch.fx.Node, noise: torch.Tensor) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, noises: dict[torch.fx.Node, torch.Tensor]) -> None:
         super().__init__(gm)
-        self.node, self.noise = node, noise
+        self.noises = noises
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op == "call_function" and _mutable(n):
@@ -510,7 +517,8 @@ class _Inject(torch.fx.Interpreter):
             out = self.call_function(n.target, args, kwargs)
         else:
             out = super().run_node(n)
-        return out + self.noise if n is self.node else out
+        noise = self.noises.get(n)
+        return out if noise is None else out + noise
 
 
 def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int] | None = None,
@@ -527,12 +535,12 @@ def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int]
     acc: dict[int, float] = {}
     signal, samples = 0.0, 0
     with torch.no_grad():
-        for flat, rows, ends, values in _per_sample(inspector, method, runs):
+        for flat, rows, ends, values, _ in _per_sample(inspector, method, runs):
             ref_out = _flat_cat(fgm(*flat))
             signal += _sq(ref_out)
             samples += 1
             for n, (h, _) in ends.items():
-                out = _flat_cat(_Inject(fgm, n, rows[n] - values[n][1]).run(*flat))
+                out = _flat_cat(_Inject(fgm, {n: rows[n] - values[n][1]}).run(*flat))
                 if metric == "nsr":
                     acc[h] = acc.get(h, 0.0) + _sq(out - ref_out)
                 else:
@@ -540,6 +548,70 @@ def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int]
                     acc[h] = acc.get(h, 0.0) + (1.0 - cos)
     norm = signal if metric == "nsr" else float(samples)
     return {h: v / norm if norm > 0 else math.inf for h, v in acc.items()}
+
+
+def _requantized_downstream(n: torch.fx.Node, depth: int = 4) -> bool:
+    """Whether an op the quantizer annotates reads ``n``'s value (through up to ``depth`` other ops): keeping
+    ``n``'s op float then leaves that value quantized (its consumer quantizes it)."""
+    todo, seen = [(u, 1) for u in n.users], set()
+    while todo:
+        u, d = todo.pop(0)
+        if u in seen or u.op != "call_function":
+            continue
+        seen.add(u)
+        if u.target in ANNOTATED_OPS:
+            return True
+        if d < depth:
+            todo += [(v, d + 1) for v in u.users]
+    return False
+
+
+def _removable(head: torch.fx.Node, end: torch.fx.Node, full: torch.Tensor, pre: torch.Tensor | None,
+               local: torch.Tensor, output_quantized: bool) -> torch.Tensor | None:
+    """The part of a row's local error that keeping it in float removes (``quant_fallback`` keeps an op the
+    quantizer does not annotate float through its consumers: all of it; an annotated op whose output a consumer
+    re-quantizes anyway: only what precedes the output quantization, e.g. the weight error)."""
+    if head.target not in ANNOTATED_OPS or not output_quantized or not _requantized_downstream(end):
+        return full
+    return None if pre is None else pre - local
+
+
+def simulate_fallback(inspector: Any, steps: int = 3, method: str | None = None,
+                      runs: Sequence[int] | None = None) -> list[tuple[int, float]]:
+    """Greedy choice of the rows to keep in float, simulated on the float model with every row's local error
+    injected (which reproduces the runtime's outputs): at each step, the row whose removable error, once
+    removed, brings the outputs closest to the float model's (mean cosine over the samples). Returns
+    ``[(float handle, simulated cosine after the step)]``; interactions between layers' errors are accounted
+    for, the errors of the other layers are assumed unchanged."""
+    method = _default_method(inspector, method)
+    fgm, _, groups, chains, _, _ = _prepared(inspector, method)
+    heads = {chain[-1]: chain[0] for chain in chains.values()}
+    data = []
+    with torch.no_grad():
+        for flat, rows, ends, values, pre in _per_sample(inspector, method, runs):
+            noise = {n: rows[n] - values[n][1] for n in ends}
+            fix = {n: _removable(heads[n], n, noise[n], pre.get(n), values[n][1],
+                                 ends[n][1] != groups[h].sources[-1].node.name) for n, (h, _) in ends.items()}
+            data.append((flat, _flat_cat(fgm(*flat)), noise, {n: f for n, f in fix.items() if f is not None}, ends))
+        handles = data[0][4] if data else {}
+        candidates = set.intersection(*(set(d[3]) for d in data)) if data else set()
+        chosen: list[torch.fx.Node] = []
+        out: list[tuple[int, float]] = []
+        for _ in range(min(steps, len(candidates))):
+            scores = {c: _simulated_cosine(fgm, data, [*chosen, c]) for c in candidates - set(chosen)}
+            best = max(scores, key=scores.__getitem__)
+            chosen.append(best)
+            out.append((handles[best][0], scores[best]))
+    return out
+
+
+def _simulated_cosine(fgm: torch.fx.GraphModule, data: list, removed: list[torch.fx.Node]) -> float:
+    cos = []
+    for flat, ref, noise, fix, _ in data:
+        injected = {n: (e - fix[n]) if n in removed else e for n, e in noise.items()}
+        out = _flat_cat(_Inject(fgm, injected).run(*flat))
+        cos.append(torch.nn.functional.cosine_similarity(out.double(), ref.double(), dim=0).item())
+    return sum(cos) / len(cos)
 
 
 def _flat_cat(tree: Any) -> torch.Tensor:
