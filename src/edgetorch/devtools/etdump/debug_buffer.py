@@ -128,14 +128,13 @@ class DebugBuffer:
         the trailer and of the ETDump. ``ArtifactMismatchError`` for another program's or run's buffer (or a
         file that is no debug buffer), ``ETDumpFormatError`` for corrupted data. An ETDump written before run
         ids existed (empty ``run_id``) is not checked."""
-        self._check_size(etdump)
         if not etdump.run_id or self._verified == etdump.run_id:
             return
         where = self.path or "debug buffer"
         t = self.trailer
         if t is None:
-            raise ArtifactMismatchError(f"{where} is not the debug buffer of this ETDump (recording {etdump.run_id}): "
-                                        "it has no edgetorch debug buffer trailer")
+            raise ArtifactMismatchError(f"{where} is truncated or is not the debug buffer of this ETDump (recording "
+                                        f"{etdump.run_id}): it has no edgetorch debug buffer trailer")
         if t.program_hash != etdump.program_hash or t.run_id != etdump.run_id:
             raise ArtifactMismatchError(
                 f"{where} was written by recording {t.run_id} of program {t.program_hash[:16]}…, but the ETDump is "
@@ -156,6 +155,7 @@ class DebugBuffer:
         """Checks that this buffer was written with ``etdump`` (``check_identity``), is at least as long as the
         ETDump says and that every stored tensor of the ETDump lies inside it; raises ``ETDumpFormatError`` (or
         ``ArtifactMismatchError``) on the first problem."""
+        self._check_size(etdump)
         self.check_identity(etdump)
         for i, run in enumerate(etdump.run_data):
             for j, e in enumerate(run.events):
