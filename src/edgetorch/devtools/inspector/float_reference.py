@@ -457,7 +457,8 @@ def _default_method(inspector: Any, method: str | None) -> str:
                       else inspector.methods[0])
 
 
-def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None) -> Iterator[tuple]:
+def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pre: bool = False
+                ) -> Iterator[tuple]:
     """Per recorded sample: (flat inputs, {row node: runtime value}, {row node: (handle, runtime node name)},
     the joint module's {row node: (float value, local value, sums)}, {row node: the runtime value before the
     group's output quantization, where it has one})."""
@@ -474,8 +475,10 @@ def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None) -> Iter
             if got is not None and like is not None and got[0].numel() == like.numel():
                 rows[chain[-1]] = got[0].reshape(like.shape).to(like.dtype)
                 ends[chain[-1]] = (h, got[1].name)
+                if not want_pre or got[1] is groups[h].sources[-1].node:
+                    continue
                 before = _group_value(_Group(h, [], groups[h].sources[-1:]), rt, last)
-                if got[1] is not groups[h].sources[-1].node and before is not None \
+                if before is not None \
                         and before[0].numel() == like.numel():
                     pre[chain[-1]] = before[0].reshape(like.shape).to(like.dtype)
         flat = pytree.tree_leaves(tuple(inputs))
@@ -588,7 +591,7 @@ def simulate_fallback(inspector: Any, steps: int = 3, method: str | None = None,
     heads = {chain[-1]: chain[0] for chain in chains.values()}
     data = []
     with torch.no_grad():
-        for flat, rows, ends, values, pre in _per_sample(inspector, method, runs):
+        for flat, rows, ends, values, pre in _per_sample(inspector, method, runs, want_pre=True):
             noise = {n: rows[n] - values[n][1] for n in ends}
             fix = {n: _removable(heads[n], n, noise[n], pre.get(n), values[n][1],
                                  ends[n][1] != groups[h].sources[-1].node.name) for n, (h, _) in ends.items()}
