@@ -62,7 +62,7 @@ def samples_of(samples: Any, method: str) -> Iterable[tuple]:
     return (s if isinstance(s, (tuple, list, dict)) else (s,) for s in samples)
 
 
-def _load(program: Any) -> Any:
+def _load(program: Any, debug_buffer_path: str) -> Any:
     from edgetorch.runtime import Runtime
 
     buf = getattr(program, "program_buffer", None)  # a BundledProgram
@@ -73,7 +73,8 @@ def _load(program: Any) -> Any:
     if not isinstance(program, (str, os.PathLike, bytes, bytearray, memoryview)):
         raise InspectorError(f"program must be a .pte path, its bytes, an ExecutorchProgramManager or a "
                              f"BundledProgram, got {type(program).__name__}")
-    return Runtime.get().load_program(program, enable_etdump=True, debug_buffer_size="auto")
+    # the runtime streams each sample's intermediates into this file; sealed in place after the run (no copy)
+    return Runtime.get().load_program(program, enable_etdump=True, debug_buffer_path=debug_buffer_path)
 
 
 class _Stats:
@@ -156,26 +157,27 @@ def numeric_gap_over_samples(etrecord: Any, program: Any, samples: Any, distance
 
     if not isinstance(top, int) or top < 1:
         raise InspectorError(f"top must be a positive int, got {top!r}")
-    loaded = _load(program)
-    m = loaded.load_method(method)
     st = _Stats()
     attrs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="edgetorch-samples-") as d:
         dump, dbg = os.path.join(d, "sample.etdp"), os.path.join(d, "sample_debug.bin")
+        loaded = _load(program, dbg)
+        m = loaded.load_method(method)
         for i, sample in enumerate(samples_of(samples, method)):
             loaded.tracer.clear()  # one sample's intermediates at a time
             args = pytree.tree_leaves(tuple(sample)) if not isinstance(sample, dict) else list(sample.values())
             m.execute(*args)
-            loaded.write_etdump_result_to_file(dump, dbg)
+            loaded.write_etdump_result_to_file(dump)
             insp = Inspector(etdump_path=dump, etrecord=etrecord, debug_buffer_path=dbg)
             df = insp.calculate_numeric_gap(distance, method=method, reference_graph=reference_graph,
                                             inputs=tuple(args))
             attrs = {k: v for k, v in df.attrs.items() if k != "coverage"}
             st.add(df.drop(columns=["aot_intermediate_output", "runtime_intermediate_output"]), top)
-            del df, insp
+            del df, insp  # releases the mapping of the debug buffer file before the next run rewrites it
             if progress is not None:
                 progress(f"sample {i + 1}: {len(st.ranks[-1])} culprit(s)")
         loaded.tracer.clear()
+        loaded.tracer.close()
     if not st.ranks:
         raise InspectorError("samples is empty: give at least one input tuple")
     out = _frame(st, top, attrs.get("distance", str(distance)))
