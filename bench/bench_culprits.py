@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -113,8 +114,21 @@ def export(family: str, backend: str) -> Program:
     names = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
     for n in ep.graph.nodes:
         if n.op == "placeholder" and n.name in names:
-            prog.consumers[names[n.name]] = {u.name for u in n.users}
+            prog.consumers[names[n.name]] = _readers(n)
     return prog
+
+
+def _readers(n: torch.fx.Node) -> set[str]:
+    """The ops that compute with a parameter: its users, through the views that only select or reshape it
+    (a positional embedding sliced then added: the add is the op)."""
+    from edgetorch.devtools.inspector.noise import op_noise
+
+    out: set[str] = set()
+    for u in n.users:
+        out.add(u.name)
+        if u.op == "call_function" and op_noise(u, 1.0) == 0.0:
+            out |= _readers(u)
+    return out
 
 
 def debug_run(prog: Program, pte: bytes, patch: Callable[[Any], None] | None = None) -> tuple[Any, Any]:
@@ -284,7 +298,7 @@ def run_program(family: str, backend: str, sizes: tuple[float, ...], sites: int,
              **score(insp, df, kind, target, prog)}
         results.append(r)
         log(f"  {kind:9s} s={s:.0e} {str(target)[:50]:50s} top1={int(r['top1'])} top3={int(r['top3'])} "
-            f"ref_top1={int(r['ref_top1'])} named={r['named']}")
+            f"ref_top1={int(r['ref_top1'])} ref_top3={int(r['ref_top3'])} named={r['named']}")
     return results, clean
 
 
@@ -312,7 +326,7 @@ def _calibration(inputs: tuple, n: int, seed: int = 0) -> list[tuple]:
 def _consumers(model: torch.nn.Module, inputs: tuple) -> dict[str, set[str]]:
     ep = torch.export.export(model, inputs)
     sig = ep.graph_signature.inputs_to_parameters
-    return {sig[n.name]: {u.name for u in n.users} for n in ep.graph.nodes if n.name in sig}
+    return {sig[n.name]: _readers(n) for n in ep.graph.nodes if n.name in sig}
 
 
 def run_quant(family: str, sites: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -396,6 +410,7 @@ def summarize(results: list[dict[str, Any]], clean: dict[str, int]) -> str:
     if len(df):
         kind = "initializer/weight"
         df["kind"] = [kind if k == "weight" else k for k in df["kind"]]
+        df["ref_top3"] = df["ref_top3"].astype(float)  # None (not logged) -> NaN, left out of the means
         for by in ("kind", "size", "family"):
             g = df.groupby(by)[["top1", "top3", "ref_top1", "ref_top3"]].mean() * 100
             g["n"] = df.groupby(by).size()
@@ -412,6 +427,33 @@ def summarize(results: list[dict[str, Any]], clean: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
+_CLEAN = re.compile(r"\]\s+(\S+)\s+(\S+)\s+clean: \d+ rows, (\d+) culprits named")
+_PLANT = re.compile(r"\]\s+(\w+)\s+s=(\S+)\s+(.*?)\s+top1=(\d) top3=(\d) ref_top1=(\d)(?: ref_top3=(\d))? "
+                    r"named=(\d+)")
+
+
+def from_logs(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The plants and clean counts of earlier runs, read back from their logs (runs split over families)."""
+    results: list[dict[str, Any]] = []
+    clean: dict[str, int] = {}
+    for path in paths:
+        family = backend = ""
+        for line in open(path, encoding="utf-8", errors="replace"):
+            m = _CLEAN.search(line)
+            if m:
+                family, backend = m.group(1), m.group(2)
+                clean[f"{family}/{backend}"] = int(m.group(3))
+                continue
+            m = _PLANT.search(line)
+            if m and family:
+                ref3 = m.group(7)
+                results.append({"family": family, "backend": backend, "kind": m.group(1), "size": float(m.group(2)),
+                                "target": m.group(3), "top1": m.group(4) == "1", "top3": m.group(5) == "1",
+                                "ref_top1": m.group(6) == "1", "ref_top3": None if ref3 is None else ref3 == "1",
+                                "named": int(m.group(8))})
+    return results, clean
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join(ZOO + HF))
@@ -422,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant-families", default=",".join(QUANT_FAMILIES),
                     help="families of the quantized-outlier plants ('' to skip)")
     ap.add_argument("--fix", action="store_true", help="only the fix figure (quantized ResNet-18 and encoder)")
+    ap.add_argument("--from-logs", nargs="+", default=None, help="summarize the logs of earlier runs instead")
     args = ap.parse_args(argv)
+    if args.from_logs:
+        print(summarize(*from_logs(args.from_logs)))
+        return 0
     torch.manual_seed(0)
     sizes = tuple(float(s) for s in args.sizes.split(","))
     results: list[dict[str, Any]] = []
