@@ -250,3 +250,17 @@ def test_every_local_error_injected_into_the_float_model_reproduces_the_runtime(
     steps = fr.simulate_fallback(run.inspector, steps=2)
     assert len(steps) == 2 and {h for h, _ in steps} <= set(run.table["float_debug_handle"])
     assert all(0.0 < c <= 1.0 + 1e-9 for _, c in steps)
+
+
+def test_float_program_needs_an_etrecord() -> None:
+    from edgetorch.errors import ETRecordError, ExportError
+    from edgetorch.exir import to_edge_transform_and_lower
+    from edgetorch.export.quantizer import capture_float_program
+
+    model, samples = _Mlp().eval(), _samples(1)
+    float_ep = capture_float_program(model, samples[0])
+    with pytest.raises(ExportError, match="generate_etrecord"):
+        to_edge_transform_and_lower(torch.export.export(model, samples[0]), float_program=float_ep)
+    plain = torch.export.export(model, samples[0])  # no numeric debug handles: a typed ETRecord error
+    with pytest.raises(ETRecordError, match="numeric debug handle"):
+        to_edge_transform_and_lower(plain, generate_etrecord=True, float_program=plain)

@@ -131,8 +131,8 @@ def quantize_pt2e_program(model: torch.nn.Module, samples: Sequence[tuple], quan
                           edit: Callable[[torch.fx.GraphModule], None] | None = None) -> Any:
     """The lower-level PT2E path with the float reference: ``capture_float_program`` -> ``prepare_pt2e`` ->
     calibrate on ``samples`` -> ``convert_pt2e`` -> ``edit(converted)`` (optional, e.g. :func:`coarsen_weight`)
-    -> ``to_edge_transform_and_lower(..., generate_etrecord=True)`` -> ``to_executorch``; the ETRecord gets the
-    float program (``add_float_reference``). Returns the ExecutorchProgramManager."""
+    -> ``to_edge_transform_and_lower(..., generate_etrecord=True, float_program=...)`` -> ``to_executorch``: the
+    ETRecord holds the float program. Returns the ExecutorchProgramManager."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from edgetorch.exir import to_edge_transform_and_lower
@@ -149,10 +149,8 @@ def quantize_pt2e_program(model: torch.nn.Module, samples: Sequence[tuple], quan
     if edit is not None:
         edit(converted)
     ep = torch.export.export(converted, samples[0])
-    et = to_edge_transform_and_lower(ep, partitioner=list(partitioner or []) or None,
-                                     generate_etrecord=True).to_executorch()
-    et.get_etrecord().add_float_reference(float_ep)
-    return et
+    return to_edge_transform_and_lower(ep, partitioner=list(partitioner or []) or None, generate_etrecord=True,
+                                       float_program=float_ep).to_executorch()
 
 
 def coarsen_weight(converted: torch.fx.GraphModule, node_name: str, factor: float = 8.0) -> None:

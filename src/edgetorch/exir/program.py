@@ -111,8 +111,15 @@ class EdgeProgramManager:
 
 
 def to_edge(programs: ProgramsArg, constant_methods: dict | None = None,
-            compile_config: EdgeCompileConfig | None = None, generate_etrecord: bool = False) -> EdgeProgramManager:
-    """Turns ATen ``ExportedProgram``(s) into the edge dialect: core ATen ops with debug handles."""
+            compile_config: EdgeCompileConfig | None = None, generate_etrecord: bool = False,
+            float_program: ProgramsArg | None = None) -> EdgeProgramManager:
+    """Turns ATen ``ExportedProgram``(s) into the edge dialect: core ATen ops with debug handles.
+
+    ``float_program``: for a PT2E-quantized program, the float program it was quantized from (captured with
+    ``edgetorch.export.quantizer.capture_float_program``), recorded in the ETRecord as ``graph_map["float/..."]``
+    (needs ``generate_etrecord=True``)."""
+    if float_program is not None and not generate_etrecord:
+        raise ExportError("float_program is recorded in the ETRecord: pass generate_etrecord=True with it")
     aten = _as_dict(programs)
     if constant_methods:
         raise ExportError("constant_methods are not supported yet")
@@ -121,6 +128,8 @@ def to_edge(programs: ProgramsArg, constant_methods: dict | None = None,
     epm = EdgeProgramManager(edge, aten, config)
     if generate_etrecord:
         epm._etrecord = _new_etrecord(aten, epm)
+        if float_program is not None:
+            epm._etrecord.add_float_reference(float_program)
     return epm
 
 
@@ -132,9 +141,10 @@ def _new_etrecord(aten: dict[str, ExportedProgram], epm: EdgeProgramManager) -> 
 def to_edge_transform_and_lower(programs: ProgramsArg, transform_passes: Sequence[Callable] | None = None,
                                 partitioner: Sequence[Any] | None = None, constant_methods: dict | None = None,
                                 compile_config: EdgeCompileConfig | None = None,
-                                generate_etrecord: bool = False) -> EdgeProgramManager:
+                                generate_etrecord: bool = False, float_program: ProgramsArg | None = None,
+                                ) -> EdgeProgramManager:
     """``to_edge`` (keeping ops the partitioners ask to keep whole), then passes, then one ``to_backend``
-    round per partitioner."""
+    round per partitioner. ``float_program``: see ``to_edge``."""
     config = compile_config or EdgeCompileConfig()
     extra: list = []
     for p in partitioner or []:
@@ -145,7 +155,7 @@ def to_edge_transform_and_lower(programs: ProgramsArg, transform_passes: Sequenc
     if extra:
         config = EdgeCompileConfig(tuple(dict.fromkeys([*config.preserve_ops, *extra])), config._check_ir_validity,
                                    config._skip_dim_order, config._core_aten_ops_exception_list)
-    epm = to_edge(programs, constant_methods, config, generate_etrecord)
+    epm = to_edge(programs, constant_methods, config, generate_etrecord, float_program)
     if transform_passes:
         epm = epm.transform(transform_passes)
         if epm._etrecord is not None:
