@@ -359,7 +359,8 @@ def run_quant(family: str, sites: int, log: Callable[[str], None]) -> list[dict[
              "top1": bool(hit[:1] and hit[0]), "top3": any(hit), "ref_top1": bool(ref[:1] and ref[0]),
              "ref_top3": any(ref), "named": len(ours)}
         out.append(r)
-        log(f"  quant_outlier {name:40s} top1={int(r['top1'])} top3={int(r['top3'])} ref_top1={int(r['ref_top1'])}")
+        log(f"  quant_outlier {family} {name:40s} top1={int(r['top1'])} top3={int(r['top3'])} "
+            f"ref_top1={int(r['ref_top1'])} ref_top3={int(r['ref_top3'])} named={r['named']}")
     return out
 
 
@@ -434,6 +435,10 @@ _PLANT = re.compile(r"\]\s+(\w+)\s+s=(\S+)\s+(.*?)\s+top1=(\d) top3=(\d) ref_top
                     r"named=(\d+)")
 
 
+_QUANT = re.compile(r"\]\s+quant_outlier (\S+) (\S+)\s+top1=(\d) top3=(\d) ref_top1=(\d) ref_top3=(\d) "
+                    r"named=(\d+)")
+
+
 def from_logs(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The plants and clean counts of earlier runs, read back from their logs (runs split over families)."""
     results: list[dict[str, Any]] = []
@@ -445,6 +450,13 @@ def from_logs(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, int]]:
             if m:
                 family, backend = m.group(1), m.group(2)
                 clean[f"{family}/{backend}"] = int(m.group(3))
+                continue
+            q = _QUANT.search(line)
+            if q:
+                results.append({"family": q.group(1), "backend": "portable_int8", "kind": "quant_outlier",
+                                "size": 60.0, "target": q.group(2), "top1": q.group(3) == "1",
+                                "top3": q.group(4) == "1", "ref_top1": q.group(5) == "1",
+                                "ref_top3": q.group(6) == "1", "named": int(q.group(7))})
                 continue
             m = _PLANT.search(line)
             if m and family:
