@@ -38,7 +38,7 @@ from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
 from edgetorch.runtime.backend_registry import get_backend
-from edgetorch.runtime.ops import resolve_operator
+from edgetorch.runtime.ops import direct_kernel, resolve_operator
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,8 @@ class Method:
                 raise ProgramFormatError(f"method '{self.name}': instruction {k} ({ins.node_name}) has "
                                          f"{len(out_tensors)} outputs but {op} takes {len(out_args)} out arguments",
                                          field=f"{self.name}.instructions[{k}].outputs")
-            return functools.partial(fn, *pos, **kw)
+            direct = None if fn is not getattr(op, "_op", op) else direct_kernel(op, pos, kw)
+            return direct if direct is not None else functools.partial(fn, *pos, **kw)
         if c.kind == pf.CALL_FUNCTIONAL_COPY:
             if len(out_tensors) == 1:
                 dst = out_tensors[0]
