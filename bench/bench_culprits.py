@@ -287,7 +287,9 @@ def run_program(family: str, backend: str, sizes: tuple[float, ...], sites: int,
     prog = export(family, backend)
     insp, df = debug_run(prog, prog.pte)
     clean = len(insp.find_culprits(df, top=1000))
-    log(f"{family:20s} {backend:8s} clean: {len(df)} rows, {clean} culprits named")
+    ratios = [lr / f for lr, f in zip(df["local_rel_error"], df["noise_floor"]) if lr is not None and f]
+    log(f"{family:20s} {backend:8s} clean: {len(df)} rows, {clean} culprits named, largest local error "
+        f"{max(ratios, default=0.0):.3f} x its noise floor")
     results = []
     for kind, target, s in plants(prog, sizes, sites):
         if kind in ("kernel", "input_dep"):
@@ -435,7 +437,7 @@ def summarize(results: list[dict[str, Any]], clean: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-_CLEAN = re.compile(r"\]\s+(\S+)\s+(\S+)\s+clean: \d+ rows, (\d+) culprits named")
+_CLEAN = re.compile(r"\]\s+(\S+)\s+(\S+)\s+clean: \d+ rows, (\d+) culprits named")  # (old logs too)
 _PLANT = re.compile(r"\]\s+(\w+)\s+s=(\S+)\s+(.*?)\s+top1=(\d) top3=(\d) ref_top1=(\d)(?: ref_top3=(\d))? "
                     r"named=(\d+)")
 

@@ -20,9 +20,9 @@ Ops that only move elements (views, ``cat``, ``relu``, max-pooling) make no roun
 computed by a delegate (an ORT node or a ``DELEGATE_CALL``) is multiplied by ``DELEGATE_FACTOR``: the backend
 reassociates sums, fuses ops and uses its own transcendental approximations, so its error is allowed to be
 larger than ATen's own. Portable rows run the same ATen kernels as the reference and are usually bit-identical.
-The constants are calibrated on clean FP32 programs (zoo and Hugging Face models, portable and ORT on this
-machine's ORT build: ``bench/bench_culprits.py --clean`` prints the largest ratio ``local_rel_error /
-noise_floor`` seen) with a margin, and are documented in ``df.attrs["noise_model"]``.
+The constants are calibrated on clean FP32 programs (zoo and Hugging Face models, portable and ORT:
+``bench/bench_culprits.py --clean-only`` prints, per program, the largest ratio ``local_rel_error / noise_floor``
+seen) with a margin, and are documented in ``df.attrs["noise_model"]``.
 
 Verdict (on the local error, the error the op adds itself): ``"exact"`` when the runtime value equals the local
 reference (integer/bool rows with no mismatching element, float rows with ``local_rel_error == 0``), ``"noise"``
