@@ -59,19 +59,26 @@ def _load(buf: bytes):
     return lambda *xs: method.execute(*xs)[0]
 
 
-def _reference(model, calib: list[tuple], precision: str) -> tuple[object, float] | None:
+def _reference(model, calib: list[tuple], precision: str) -> tuple[bytes, float] | None:
     try:
         from executorch.backends.xnnpack.recipes.xnnpack_recipe_types import XNNPackRecipeType
         from executorch.export import ExportRecipe, export
-        from executorch.extension.pybindings import portable_lib
+        from executorch.extension.pybindings import portable_lib  # noqa: F401 - the runtime must be there too
     except ImportError:
         return None
     kind = XNNPackRecipeType.FP32 if precision == "fp32" else XNNPackRecipeType.PT2E_INT8_STATIC_PER_CHANNEL
     t0 = time.perf_counter()
     buf = export(model, calib, ExportRecipe.get_recipe(kind)).get_pte_buffer()
-    took = time.perf_counter() - t0
+    return buf, time.perf_counter() - t0
+
+
+def _load_reference(buf: bytes):
+    """A callable over the reference program (loaded after its thread pool is reset: resetting the pool under a
+    loaded XNNPACK program aborted in glibc's ``__pthread_tpp_change_priority``)."""
+    from executorch.extension.pybindings import portable_lib
+
     module = portable_lib._load_for_executorch_from_buffer(buf)  # does not copy: keep `buf` alive with it
-    return (lambda *xs, _keep=buf: module.forward(xs)[0]), took
+    return lambda *xs, _keep=buf: module.forward(xs)[0]
 
 
 ALL_CPUS = sorted(os.sched_getaffinity(0))
@@ -110,7 +117,8 @@ def child(model_name: str, precision: str, threads: list[int], runs: int) -> dic
     fns = {name: _load(buf) for name, buf in bufs.items()}
     ref = _reference(model, calib, precision)
     if ref is not None:
-        fns["xnnpack"], result["export_s"]["xnnpack"] = ref
+        bufs["xnnpack"], result["export_s"]["xnnpack"] = ref
+        fns["xnnpack"] = _load_reference(bufs["xnnpack"])
     with torch.no_grad():
         fns["eager"] = lambda *xs: model(*xs)
         want = [model(*x) for x in held]
@@ -119,6 +127,8 @@ def child(model_name: str, precision: str, threads: list[int], runs: int) -> dic
         for n in threads:
             _set_threads(n)
             fns["ort"] = _load(bufs["ort"])  # its thread pool is sized at load
+            if "xnnpack" in bufs:
+                fns["xnnpack"] = _load_reference(bufs["xnnpack"])
             fast = {k: (lambda f=fns[k]: f(*example)) for k in ("ort", "xnnpack") if k in fns}
             slow = {k: (lambda f=fns[k]: f(*example)) for k in ("portable", "eager")}
             med = {**alternate(fast, runs), **alternate(slow, runs)}

@@ -52,7 +52,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from edgetorch.backends.onnxruntime import _blob, _shapes
+from edgetorch.backends.onnxruntime import _blob, _qdq, _shapes
 from edgetorch.errors import RuntimeInputError
 from edgetorch.formats import etdump as ed
 from edgetorch.runtime._copy import copy_into
@@ -162,8 +162,9 @@ class OrtDelegate:
         self.debug_buffer_bytes: int | None = int(db) if isinstance(db, int) and db >= 0 else None
         threads = int(self.options["intra_op_num_threads"] or 0)
         self.num_threads = threads if threads > 0 else torch.get_num_threads()
+        self._plain_bytes = self._plain_model()
         try:
-            self.session = self._make_session(self._model_bytes)
+            self.session = self._make_session(self._plain_bytes)
         except Exception as e:
             raise _blob.OrtBlobError(f"ONNX Runtime rejected the model: {type(e).__name__}: {e}",
                                      field="model") from e
@@ -181,6 +182,17 @@ class OrtDelegate:
         self.last_profile: list[OpEvent] = []
 
     # -- sessions -----------------------------------------------------------------------------------
+    def _plain_model(self) -> bytes:
+        """The model of the plain and profiling sessions: the exported one, with int8 activations moved to
+        uint8 where optimizations are on (``_qdq``: lets ORT's integer kernels take every quantized op)."""
+        if self.options["graph_optimization_level"] == "ORT_DISABLE_ALL" or b"QuantizeLinear" not in self._model_bytes:
+            return self._model_bytes
+        import onnx
+
+        proto = onnx.ModelProto()
+        proto.ParseFromString(self._model_bytes)
+        return proto.SerializeToString() if _qdq.activations_to_uint8(proto) else self._model_bytes
+
     def session_options(self, profile_prefix: str | None = None, spin: bool = True) -> ort.SessionOptions:
         so = ort.SessionOptions()
         level = self.options["graph_optimization_level"]
@@ -426,7 +438,7 @@ class OrtDelegate:
     def profile_run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[OpEvent]:
         """Runs a fresh profiling session into ``outputs``; returns its kernel events."""
         prefix = os.path.join(tempfile.gettempdir(), f"edgetorch-ort-profile-{os.getpid()}-{id(self)}")
-        sess = self._make_session(self._model_bytes, prefix)
+        sess = self._make_session(self._plain_bytes, prefix)
         b = self._bind(sess, inputs, outputs)
         for src, dst in b.pre:
             dst.copy_(src)
