@@ -67,4 +67,65 @@ def test_convolution_not_direct_for_groups_and_transposed() -> None:
     assert direct_kernel(aten.convolution.out, grouped, {"out": out}) is None
     transposed = [x, torch.randn(8, 8, 1, 1), None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1]
     assert direct_kernel(aten.convolution.out, transposed, {"out": out}) is None
-    assert direct_kernel(aten.add.out, [x, x, 1], {"out": out}) is None
+    assert direct_kernel(aten.abs.out, [x], {"out": out}) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
+def test_relu_direct(dtype: torch.dtype) -> None:
+    x = (torch.randn(64, 33) * 10).to(dtype)
+    if dtype.is_floating_point:
+        x[0, :3] = torch.tensor([float("nan"), -0.0, float("-inf")])
+    want = aten.relu.default(x)
+    for in_place in (False, True):
+        src = x.clone()
+        out = src if in_place else torch.empty_like(x)
+        call = direct_kernel(aten.relu.out, [src], {"out": out})
+        assert call is not None
+        call()
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+
+
+def _public_cases() -> dict:
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    m, b3 = torch.randn(5, 4, generator=g), torch.randn(2, 3, 5, generator=g)
+    i = torch.randint(-3, 3, (3, 5), generator=g)
+    return {
+        aten.addmm.out: ([torch.randn(4), x, m], {"beta": 1, "alpha": 1}),
+        aten.mm.out: ([x, m], {}), aten.bmm.out: ([b3, torch.randn(2, 5, 3, generator=g)], {}),
+        aten.add.out: ([x, y], {"alpha": 2}), aten.sub.out: ([x, y], {"alpha": 1}), aten.mul.out: ([x, y], {}),
+        aten.div.out: ([x, y], {}), aten.clamp_min.out: ([x, 0], {}), aten.clamp.out: ([x, -0.5, 0.5], {}),
+        aten._softmax.out: ([x, 1, False], {}), aten._log_softmax.out: ([x, 0, False], {}),
+        aten.gelu.out: ([x], {"approximate": "tanh"}), aten.silu.out: ([x], {}),
+        aten.hardtanh.out: ([x, -1.0, 1.0], {}), aten.sigmoid.out: ([x], {}), aten.tanh.out: ([x], {}),
+        aten.rsqrt.out: ([x.abs()], {}), aten.neg.out: ([x], {}), aten.exp.out: ([x], {}),
+        aten.mean.out: ([x, [1], True], {"dtype": None}), aten.sum.IntList_out: ([x, [0], False], {"dtype": None}),
+        aten.amax.out: ([x, [1], False], {}), aten.argmax.out: ([x, 1, False], {}),
+        aten.cumsum.out: ([i, 1], {"dtype": torch.int64}), aten.gt.Scalar_out: ([x, 0.1], {}),
+        aten.eq.Tensor_out: ([i, i.flip(0)], {}), aten.logical_or.out: ([x > 0, y > 0], {}),
+        aten.bitwise_not.out: ([x > 0], {}), aten.where.self_out: ([x > 0, x, y], {}),
+        aten.pow.Tensor_Scalar_out: ([x, 3.0], {}),
+    }
+
+
+def test_every_public_binding_matches_its_overload() -> None:
+    from edgetorch.runtime.ops import _PUBLIC
+
+    cases = _public_cases()
+    assert set(cases) == set(_PUBLIC)
+    for op, (pos, kw) in cases.items():
+        want = op(*pos, **kw, out=torch.empty(0, dtype=_out_dtype(op, pos)))
+        out = torch.empty(0, dtype=want.dtype)
+        call = direct_kernel(op, pos, {**kw, "out": out})
+        assert call is not None, op
+        call()
+        assert out.shape == want.shape and torch.equal(out.view(torch.uint8), want.view(torch.uint8)), op
+
+
+def _out_dtype(op: torch._ops.OpOverload, pos: list) -> torch.dtype:
+    name = op._schema.name
+    if name in ("aten::argmax", "aten::cumsum"):
+        return torch.int64
+    if name in ("aten::gt", "aten::eq", "aten::logical_or", "aten::bitwise_not"):
+        return torch.bool
+    return torch.float32

@@ -432,6 +432,60 @@ class _MethodEmitter:
                 names.append(name or f"output_{len(names)}")
         return outputs, names
 
+    def reuse_dying_inputs(self, outputs: list[int]) -> list[int]:
+        """Elementwise ops whose input dies at them write their result into that input's slot (as eager's
+        ``relu_``): the result's own value is dropped and every later reference names the input's. Returns the
+        method's outputs renamed the same way."""
+        rename: dict[int, int] = {}
+        for at, ins in enumerate(self.instructions):
+            c = ins.call
+            if not isinstance(c, pf.KernelCallDef):
+                continue
+            c.args = [rename.get(a, a) for a in c.args]
+            c.outputs = [rename.get(o, o) for o in c.outputs]
+            if c.kind != pf.CALL_OUT or len(c.outputs) != 1:
+                continue
+            op = self.operators[c.op_index]
+            positions = _INPLACE_OUT.get((op.name, op.overload))
+            o = c.outputs[0]
+            x = next((c.args[i] for i in positions or () if self._can_take_over(c.args[i], o, at)
+                      and not self._aliased_by_other_args(c.args, c.args[i])), None)
+            if x is None:
+                continue
+            rename[o] = x
+            c.outputs = [x]
+            self.last_use[x] = self.last_use.pop(o)
+            self.first_use.pop(o)
+            self.planned.remove(o)
+            self.values[o] = None
+            for a, r in self.alias_root.items():
+                if r == o:
+                    self.alias_root[a] = x
+        for i, v in enumerate(self.values):
+            if isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)) and any(j in rename for j in v.items):
+                self.values[i] = type(v)(tuple(rename.get(j, j) for j in v.items))
+        return [rename.get(o, o) for o in outputs]
+
+    def _aliased_by_other_args(self, args: list[int], x: int) -> bool:
+        """True when an argument other than ``x`` itself reads ``x``'s storage (a view of it)."""
+        for a in args:
+            v = self.values[a]
+            items = v.items if isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)) else (a,)
+            if any(i != x and i >= 0 and self.root(i) == x for i in items):
+                return True
+        return False
+
+    def _can_take_over(self, x: int, o: int, at: int) -> bool:
+        """True when planned value ``x`` (not an input, not a view) is last read at ``at`` and has ``o``'s
+        dtype, sizes and strides, so the instruction at ``at`` may write ``o`` into ``x``'s bytes."""
+        vx, vo = self.values[x], self.values[o]
+        return (isinstance(vx, pf.TensorDef) and isinstance(vo, pf.TensorDef) and x in self.last_use
+                and o in self.last_use and x not in self.alias_root and x not in self.inputs
+                and vx.placement == pf.PLACEMENT_PLANNED and vo.placement == pf.PLACEMENT_PLANNED
+                and not vx.sym_shape and not vo.sym_shape and self.last_use[x] == at
+                and (vx.scalar_type, vx.sizes, vx.strides, vx.storage_offset, vx.nbytes)
+                == (vo.scalar_type, vo.sizes, vo.strides, vo.storage_offset, vo.nbytes))
+
     def emit(self) -> EmittedMethod:
         self.emit_placeholders()
         self.find_inplace_updates()
@@ -457,6 +511,7 @@ class _MethodEmitter:
             elif node.op != "placeholder":
                 raise ExportError(f"method '{self.name}': cannot emit node '{node.name}' ({node.op})")
         outputs, output_names = self.emit_outputs(out_node)
+        outputs = self.reuse_dying_inputs(outputs)
         # memory plan
         buffers = [Buffer(v, self.values[v].nbytes, self.first_use[v], self.last_use[v]) for v in self.planned]
         mp = plan_memory(buffers, self.alignment)
@@ -487,6 +542,21 @@ class _MethodEmitter:
             symbols=list(self.symbols.symbols), mutable_buffers=self.mutable_buffers)
         verify_memory_plan(plan)
         return EmittedMethod(plan, mp, self.debug_handle_map, self.delegate_map, self.num_outs)
+
+
+#: out kernels that may write their result over one of their inputs (elementwise, TensorIterator-based: the
+#: output aliasing an input of the same layout reads each element before writing it), with the argument
+#: positions that may be overwritten
+_INPLACE_OUT: dict[tuple[str, str], tuple[int, ...]] = {
+    ("aten::relu", "out"): (0,),
+    ("aten::hardtanh", "out"): (0,),
+    ("aten::clamp", "out"): (0,),
+    ("aten::gelu", "out"): (0,),
+    ("aten::silu", "out"): (0,),
+    ("aten::sigmoid", "out"): (0,),
+    ("aten::add", "out"): (0, 1),
+    ("aten::mul", "out"): (0, 1),
+}
 
 
 def _same_layout(a, b) -> bool:

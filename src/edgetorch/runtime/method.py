@@ -355,6 +355,8 @@ class Method:
         """The flat inputs: ``execute([a, b])`` (the reference's sequence), or ``execute(a, b, k=c)`` as the model
         took them (keyword inputs in the order the program was exported with)."""
         n = len(self._plan.inputs)
+        if not kwargs and len(args) == n and all(type(a) is torch.Tensor for a in args):
+            return list(args)  # the common case, without walking the pytree
         if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs and len(args[0]) == n:
             return list(args[0])
         if kwargs and self._kwarg_order is not None and set(kwargs) == set(self._kwarg_order):
