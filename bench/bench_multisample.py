@@ -72,7 +72,7 @@ def _single(folder: str) -> dict:
 
 def _many(folder: str, n: int) -> dict:
     from edgetorch.devtools.etrecord import parse_etrecord
-    from edgetorch.devtools.inspector.multisample import numeric_gap_over_samples
+    from edgetorch.devtools.inspector.inspector import numeric_gap_over_samples
 
     rec = parse_etrecord(os.path.join(folder, "etrecord.bin"))
     samples = _samples(folder, n)

@@ -11,7 +11,7 @@ from edgetorch.devtools import Inspector
 from edgetorch.devtools.bundled_program import BundledProgram, MethodTestCase, MethodTestSuite
 from edgetorch.devtools.inspector import inspector as inspector_module
 from edgetorch.devtools.inspector.culprits import find_culprits
-from edgetorch.devtools.inspector.multisample import numeric_gap_over_samples
+from edgetorch.devtools.inspector.inspector import numeric_gap_over_samples
 from edgetorch.errors import InspectorError
 from edgetorch.exir import to_edge
 from edgetorch.models import get_model

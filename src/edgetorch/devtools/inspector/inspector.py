@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
+from edgetorch.devtools.inspector import multisample as _multisample
 from edgetorch.devtools.inspector.comparators import NumericalComparatorBase, get_comparator
 from edgetorch.devtools.inspector.events import (
     FRAMEWORK_EVENTS,
@@ -424,8 +425,6 @@ class Inspector:
         ``local_gap``, ``rel_error`` and ``local_rel_error``, the worst case in the usual columns (so
         ``find_culprits`` works on it) and the stability of the culprit ranking across samples;
         ``df.attrs["samples"]`` is N."""
-        from edgetorch.devtools.inspector.multisample import numeric_gap_over_samples
-
         if self._etrecord is None:
             raise InspectorError("calculate_numeric_gap_over needs an ETRecord (pass etrecord=...)")
         if method is None:
@@ -513,4 +512,13 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-__all__ = ["Event", "EventBlock", "Inspector", "TimeScale"]
+def numeric_gap_over_samples(etrecord: Any, program: Any, samples: Any, distance: Any = "MSE",
+                             method: str = "forward", top: int = 5, reference_graph: str | None = None,
+                             progress: Any = None) -> pd.DataFrame:
+    """``Inspector.calculate_numeric_gap_over`` without an ETDump at hand: per-op gap statistics of ``program``
+    over ``samples`` against ``etrecord`` (see ``inspector.multisample``)."""
+    return _multisample.numeric_gap_over_samples(etrecord, program, samples, distance, method, top,
+                                                 reference_graph, progress, inspector_type=Inspector)
+
+
+__all__ = ["Event", "EventBlock", "Inspector", "TimeScale", "numeric_gap_over_samples"]

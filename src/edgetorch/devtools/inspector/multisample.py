@@ -149,11 +149,14 @@ def _stability(df: pd.DataFrame, st: _Stats, top: int) -> tuple[float, float | N
 
 def numeric_gap_over_samples(etrecord: Any, program: Any, samples: Any, distance: Any = "MSE",
                              method: str = "forward", top: int = 5, reference_graph: str | None = None,
-                             progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+                             progress: Callable[[str], None] | None = None, *,
+                             inspector_type: Callable[..., Any]) -> pd.DataFrame:
     """Runs ``program`` on every sample with an ETDump tracer and aggregates the per-op gaps (see the module
     docstring). ``samples``: an iterable of input tuples or a ``BundledProgram`` (its test suite of
-    ``method``); ``program``: a .pte path, bytes, ExecutorchProgramManager or BundledProgram."""
-    from edgetorch.devtools.inspector.inspector import Inspector
+    ``method``); ``program``: a .pte path, bytes, ExecutorchProgramManager or BundledProgram;
+    ``inspector_type``: the Inspector class that reads each sample's ETDump (given by the caller, so this
+    module does not import the Inspector that imports it)."""
+    Inspector = inspector_type  # noqa: N806 - a class
 
     if not isinstance(top, int) or top < 1:
         raise InspectorError(f"top must be a positive int, got {top!r}")
