@@ -147,11 +147,11 @@ def _is_quantized(recipe_type: Any) -> bool:
 
 def _quant_candidates(et: Any, samples: list[tuple], top: int) -> list[list[str]]:
     from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-    from edgetorch.devtools.quant_fallback import _layer_nodes, inspect_quantized
+    from edgetorch.devtools.quant_fallback import inspect_quantized, layer_nodes
 
     run = inspect_quantized(et, samples)
     ranked = rank_quantization_culprits(run.table, top=top)
-    return [_layer_nodes(run, row) for _, row in ranked.iterrows()]
+    return [layer_nodes(run, row) for _, row in ranked.iterrows()]
 
 
 def _delegate_candidates(et: Any, samples: list[tuple], top: int) -> list[list[str]]:

@@ -36,7 +36,8 @@ from edgetorch.export import ExportRecipe, export
 from edgetorch.export.recipe import RecipeType
 
 __all__ = ["FallbackReport", "QuantizedRun", "coarsen_weight", "cosine_to_float", "fp32_recipe_of",
-           "inspect_quantized", "quantize_pt2e_program", "rank_layers", "run_latency_ms", "selective_fallback"]
+           "inspect_quantized", "layer_nodes", "quantize_pt2e_program", "rank_layers", "run_latency_ms",
+           "selective_fallback"]
 
 _FUSED_ACTIVATIONS = {"aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default"}
 _WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}
@@ -179,7 +180,7 @@ def fp32_recipe_of(recipe_type: RecipeType) -> RecipeType:
     return fp32
 
 
-def _layer_nodes(run: QuantizedRun, row: pd.Series) -> list[str]:
+def layer_nodes(run: QuantizedRun, row: pd.Series) -> list[str]:
     """The float node names to keep in float for one culprit row: its op when the quantizer annotates it (with
     the conv/linear whose output a fused relu/hardtanh row quantizes); for an op the quantizer leaves alone
     (layer norm, view, dropout, ...), whose output is quantized as the input of its consumers, those consumers."""
@@ -270,7 +271,7 @@ def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_
     rows, runs = [], [base]
     rows.append(_measure(model, base.et, evals, 0, excluded, latency_repeats))
     for k in range(len(culprits)):
-        new = [n for n in _layer_nodes(base, culprits.iloc[k]) if n not in excluded]
+        new = [n for n in layer_nodes(base, culprits.iloc[k]) if n not in excluded]
         if not new:  # an earlier step already keeps this culprit float
             continue
         excluded += new
