@@ -1,7 +1,7 @@
 """edgetorch against the reference (ExecuTorch + XNNPACK) and eager PyTorch, one process per model and precision.
 
 Usage: python bench/compare_reference.py [--models resnet18 mobilenet_v2 vit_b_16] [--precisions fp32 int8]
-       [--threads 1 2] [--runs 15]
+       [--threads 1 2] [--runs 15] [--skip-portable]
 
 Each (model, precision) runs in a fresh child process, which builds, from the same weights and inputs:
 * eager PyTorch (float: the denominator of every ratio);
@@ -99,7 +99,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
 
-def child(model_name: str, precision: str, threads: list[int], runs: int) -> dict:
+def child(model_name: str, precision: str, threads: list[int], runs: int, portable: bool = True) -> dict:
     from edgetorch.export import OrtRecipeType, PortableRecipeType
     from edgetorch.models import get_spec
 
@@ -111,8 +111,11 @@ def child(model_name: str, precision: str, threads: list[int], runs: int) -> dic
     int8 = precision == "int8"
     result: dict = {"model": model_name, "precision": precision, "export_s": {}, "ms": {}, "cosine": {}}
     bufs = {}
-    for name, kind in (("portable", PortableRecipeType.INT8_STATIC_PER_CHANNEL if int8 else PortableRecipeType.FP32),
-                       ("ort", OrtRecipeType.INT8_STATIC_PER_CHANNEL if int8 else OrtRecipeType.FP32)):
+    kinds = {"portable": PortableRecipeType.INT8_STATIC_PER_CHANNEL if int8 else PortableRecipeType.FP32,
+             "ort": OrtRecipeType.INT8_STATIC_PER_CHANNEL if int8 else OrtRecipeType.FP32}
+    if not portable:
+        del kinds["portable"]
+    for name, kind in kinds.items():
         bufs[name], result["export_s"][name] = _edgetorch(model, calib, kind)
     fns = {name: _load(buf) for name, buf in bufs.items()}
     ref = _reference(model, calib, precision)
@@ -130,7 +133,7 @@ def child(model_name: str, precision: str, threads: list[int], runs: int) -> dic
             if "xnnpack" in bufs:
                 fns["xnnpack"] = _load_reference(bufs["xnnpack"])
             fast = {k: (lambda f=fns[k]: f(*example)) for k in ("ort", "xnnpack") if k in fns}
-            slow = {k: (lambda f=fns[k]: f(*example)) for k in ("portable", "eager")}
+            slow = {k: (lambda f=fns[k]: f(*example)) for k in ("portable", "eager") if k in fns}
             med = {**alternate(fast, runs), **alternate(slow, runs)}
             result["ms"][str(n)] = {k: 1000 * v for k, v in med.items()}
     return result
@@ -145,7 +148,8 @@ def _table(results: list[dict]) -> str:
             x = ms.get("xnnpack")
             ratio = f"{ms['ort'] / x:.3f}" if x else "-"
             lines.append(
-                f"| {r['model']} | {r['precision']} | {n} | {e:.1f} | {ms['portable'] / e:.3f} | {ms['ort'] / e:.3f} | "
+                f"| {r['model']} | {r['precision']} | {n} | {e:.1f} | {ms.get('portable', float('nan')) / e:.3f} | "
+                f"{ms['ort'] / e:.3f} | "
                 f"{(x / e) if x else float('nan'):.3f} | {ratio} | {r['cosine'].get('ort', float('nan')):.5f} | "
                 f"{r['cosine'].get('xnnpack', float('nan')):.5f} |")
     return "\n".join(lines)
@@ -157,19 +161,20 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--skip-portable", action="store_true", help="leave edgetorch portable out (its INT8 is slow)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     if args.child:
-        print("RESULT " + json.dumps(child(*args.child, args.threads, args.runs)), flush=True)
+        print("RESULT " + json.dumps(child(*args.child, args.threads, args.runs, not args.skip_portable)), flush=True)
         return
     results = []
     for model in args.models:
         for precision in args.precisions:
             print(f"[{model} {precision}] running in a fresh process ...", flush=True)
             cmd = [sys.executable, __file__, "--child", model, precision, "--runs", str(args.runs), "--threads",
-                   *map(str, args.threads)]
+                   *map(str, args.threads), *(["--skip-portable"] if args.skip_portable else [])]
             out = subprocess.run(cmd, capture_output=True, text=True)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
