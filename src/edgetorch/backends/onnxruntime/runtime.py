@@ -3,7 +3,10 @@
 ``init`` unpacks the blob (``_blob``), wraps the external weights as zero-copy ``OrtValue``s (shared by every
 session of the delegate) and builds the plain ``InferenceSession``. A plain ``execute`` binds the planned
 input and output tensors to the session once with ``IOBinding`` (data pointers, element types, shapes), so
-ORT reads the inputs and writes the outputs in place, and then only calls ``run_with_iobinding``.
+ORT reads the inputs and writes the outputs in place, and then only calls ``run_with_iobinding``. With
+optimizations on, the plain (and profiling) session runs the model with int8 activations moved to uint8
+(``_qdq``: ORT's integer kernels then take every quantized conv, add and gemm); debug sessions run the exported
+model, whose values are the edge program's.
 
 Traced runs (the runtime passes its ETDump tracer):
 
@@ -185,7 +188,8 @@ class OrtDelegate:
     def _plain_model(self) -> bytes:
         """The model of the plain and profiling sessions: the exported one, with int8 activations moved to
         uint8 where optimizations are on (``_qdq``: lets ORT's integer kernels take every quantized op)."""
-        if self.options["graph_optimization_level"] == "ORT_DISABLE_ALL" or b"QuantizeLinear" not in self._model_bytes:
+        off = self.options["graph_optimization_level"] == "ORT_DISABLE_ALL"
+        if off or b"QuantizeLinear" not in self._model_bytes:
             return self._model_bytes
         import onnx
 
