@@ -129,3 +129,27 @@ def _out_dtype(op: torch._ops.OpOverload, pos: list) -> torch.dtype:
     if name in ("aten::gt", "aten::eq", "aten::logical_or", "aten::bitwise_not"):
         return torch.bool
     return torch.float32
+
+
+def test_functional_fills_and_copies_write_the_slot_directly() -> None:
+    from edgetorch.runtime.ops import direct_functional
+
+    x = torch.randn(4, 6) * 100
+    cases = [
+        (aten._to_copy.default, [x], {"dtype": torch.int32}),
+        (aten._to_copy.default, [x], {"dtype": torch.float16}),
+        (aten._to_copy.default, [x.t()], {"dtype": torch.bfloat16, "memory_format": torch.contiguous_format}),
+        (aten.full_like.default, [x, 0.1], {"dtype": torch.float16}),
+        (aten.full_like.default, [x, -3], {"dtype": None}),
+        (aten.scalar_tensor.default, [1e-3], {"dtype": torch.float64}),
+        (aten.scalar_tensor.default, [7], {"dtype": torch.int64}),
+    ]
+    for op, pos, kw in cases:
+        want = op(*pos, **kw)
+        dst = torch.empty_like(want, memory_format=torch.contiguous_format)
+        call = direct_functional(op, pos, kw, dst)
+        assert call is not None, (op, kw)
+        call()
+        bits = [t.reshape(-1).contiguous().view(torch.uint8) for t in (dst, want)]
+        assert dst.dtype == want.dtype and dst.shape == want.shape and torch.equal(*bits), (op, kw)
+    assert direct_functional(aten._to_copy.default, [x], {"device": "meta"}, torch.empty(4, 6)) is None

@@ -38,7 +38,7 @@ from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
 from edgetorch.runtime.backend_registry import get_backend
-from edgetorch.runtime.ops import direct_kernel, resolve_operator
+from edgetorch.runtime.ops import direct_functional, direct_kernel, resolve_operator
 
 
 @dataclass(frozen=True)
@@ -254,6 +254,9 @@ class Method:
         if c.kind == pf.CALL_FUNCTIONAL_COPY:
             if len(out_tensors) == 1:
                 dst = out_tensors[0]
+                direct = None if fn is not getattr(op, "_op", op) else direct_functional(op, pos, kw, dst)
+                if direct is not None:
+                    return direct
 
                 def call_copy1(fn=fn, pos=pos, kw=kw, dst=dst):
                     dst.copy_(fn(*pos, **kw))

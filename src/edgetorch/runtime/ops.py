@@ -147,3 +147,56 @@ def direct_kernel(op: torch._ops.OpOverload, pos: list, kw: dict) -> Callable[[]
     make = _DIRECT.get(op)
     call = make(pos, kw) if make is not None else None
     return call if call is not None else _public(op, pos, kw)
+
+
+# -- functional ops that are a fill or a copy ---------------------------------------------------------------
+# ``_to_copy`` is ``empty`` + ``copy_``, ``full_like``/``scalar_tensor`` are ``empty`` + ``fill_``: with no out
+# overload of the same arguments they are emitted as FUNCTIONAL_COPY (compute, then copy into the planned slot).
+# Writing the slot directly with ``copy_``/``fill_`` converts each element the same way and skips the temporary.
+
+
+def _cpu_strided(kw: dict) -> bool:
+    device = kw.get("device")
+    return (kw.get("layout") in (None, torch.strided) and not kw.get("pin_memory")
+            and (device is None or torch.device(device).type == "cpu"))
+
+
+def _to_copy(pos: list, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
+    (src,) = pos
+    dtype = kw.get("dtype")
+    if (not isinstance(src, torch.Tensor) or not _cpu_strided(kw) or src.shape != dst.shape or src.is_quantized
+            or dst.dtype != (dtype or src.dtype) or src.layout != torch.strided):
+        return None
+    return functools.partial(dst.copy_, src)
+
+
+def _fill(value: Any, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
+    dtype = kw.get("dtype")
+    if not _cpu_strided(kw) or (dtype is not None and dst.dtype != dtype) or isinstance(value, torch.Tensor):
+        return None
+    return functools.partial(dst.fill_, value)
+
+
+def _full_like(pos: list, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
+    src, value = pos
+    if not isinstance(src, torch.Tensor) or src.shape != dst.shape or (kw.get("dtype") is None
+                                                                      and src.dtype != dst.dtype):
+        return None
+    return _fill(value, kw, dst)
+
+
+def _scalar_tensor(pos: list, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
+    return _fill(pos[0], kw, dst) if dst.dim() == 0 and kw.get("dtype") is not None else None
+
+
+_DIRECT_FUNCTIONAL: dict[Any, Callable[[list, dict, torch.Tensor], Callable[[], Any] | None]] = {
+    _aten._to_copy.default: _to_copy,
+    _aten.full_like.default: _full_like,
+    _aten.scalar_tensor.default: _scalar_tensor,
+}
+
+
+def direct_functional(op: torch._ops.OpOverload, pos: list, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
+    """A call writing ``op(*pos, **kw)`` straight into ``dst`` (no temporary), or None."""
+    make = _DIRECT_FUNCTIONAL.get(op)
+    return make(pos, kw, dst) if make is not None else None
