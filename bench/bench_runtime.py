@@ -3,7 +3,7 @@
 Usage: python bench/bench_runtime.py [--models mlp small_cnn resnet18 vit_b_16] [--runs N]
 For each model: export -> to_edge -> to_executorch (timed), save the .pte, load it from disk (timed, RSS
 measured), then time ``Method.execute`` and the eager model alternately (medians) at 1 thread and at the
-default thread count.
+default thread count (1-thread runs pinned to one core). bench/bench_portable.py covers every zoo model.
 """
 
 from __future__ import annotations
@@ -49,13 +49,19 @@ def bench_model(name: str, runs: int, tmp: str) -> list[str]:
              f"RSS +{rss1 - rss0:.1f} MB (arena {method.metadata.arena_bytes / 2**20:.1f} MB, "
              f"file {os.path.getsize(path) / 2**20:.1f} MB)"]
     default_threads = torch.get_num_threads()
-    for threads in thread_settings():
-        torch.set_num_threads(threads)
-        with torch.no_grad():
-            med = alternate({"eager": lambda: model(*inputs), "edgetorch": lambda: method.execute(*inputs)}, runs)
-        lines.append(f"  threads={threads}: eager {1000 * med['eager']:.3f} ms, edgetorch "
-                     f"{1000 * med['edgetorch']:.3f} ms, ratio {med['edgetorch'] / med['eager']:.3f}")
-    torch.set_num_threads(default_threads)
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        for threads in thread_settings():
+            torch.set_num_threads(threads)
+            os.sched_setaffinity(0, cores[:1] if threads == 1 else cores)  # 1 thread: pinned to one core
+            with torch.no_grad():
+                med = alternate({"eager": lambda: model(*inputs), "edgetorch": lambda: method.execute(*inputs)},
+                                runs)
+            lines.append(f"  threads={threads}: eager {1000 * med['eager']:.3f} ms, edgetorch "
+                         f"{1000 * med['edgetorch']:.3f} ms, ratio {med['edgetorch'] / med['eager']:.3f}")
+    finally:
+        torch.set_num_threads(default_threads)
+        os.sched_setaffinity(0, cores)
     return lines
 
 
