@@ -128,3 +128,26 @@ def test_each_in_place_instruction_output_is_its_eager_value() -> None:
     assert len(seen) == len(steps)
     for s, w in zip(seen, steps):
         assert torch.equal(s, w)
+
+
+class EvalDropout(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.drop(torch.relu(self.fc(x)))
+        kept = x * 2.0
+        return self.drop(h) + 1.0, kept.clone() + kept  # a clone of a value read later stays a copy
+
+
+def test_eval_dropout_clone_runs_in_place_only_when_its_input_dies() -> None:
+    model = EvalDropout().eval()
+    ops = _check(model, torch.randn(3, 8))
+    assert "aten::clone" in ops and "aten::relu" in ops
+    plan = _run(model, torch.randn(3, 8))[1]
+    clones = [ins.call for ins in plan.instructions
+              if isinstance(ins.call, pf.KernelCallDef) and plan.operators[ins.call.op_index].name == "aten::clone"]
+    kept_clone = [c for c in clones if not set(c.outputs) & set(c.args)]
+    assert len(kept_clone) == 1 and len(clones) >= 2

@@ -153,3 +153,17 @@ def test_functional_fills_and_copies_write_the_slot_directly() -> None:
         bits = [t.reshape(-1).contiguous().view(torch.uint8) for t in (dst, want)]
         assert dst.dtype == want.dtype and dst.shape == want.shape and torch.equal(*bits), (op, kw)
     assert direct_functional(aten._to_copy.default, [x], {"device": "meta"}, torch.empty(4, 6)) is None
+
+
+@pytest.mark.parametrize("memory_format", [None, torch.contiguous_format, torch.channels_last])
+def test_clone_direct(memory_format: torch.memory_format | None) -> None:
+    x = torch.randn(2, 3, 4, 5)
+    want = aten.clone.default(x, memory_format=memory_format)
+    out = torch.empty_like(want)
+    call = direct_kernel(aten.clone.out, [x], {"memory_format": memory_format, "out": out})
+    assert call is not None
+    call()
+    assert out.stride() == want.stride() and torch.equal(out, want)
+    same = x.clone()
+    direct_kernel(aten.clone.out, [same], {"memory_format": None, "out": same})()  # in place: unchanged
+    assert torch.equal(same, x)

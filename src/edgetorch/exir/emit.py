@@ -554,6 +554,7 @@ _INPLACE_OUT: dict[tuple[str, str], tuple[int, ...]] = {
     ("aten::gelu", "out"): (0,),
     ("aten::silu", "out"): (0,),
     ("aten::sigmoid", "out"): (0,),
+    ("aten::clone", "out"): (0,),  # eval-mode dropout: a clone of a dying value is the value itself
     ("aten::add", "out"): (0, 1),
     ("aten::mul", "out"): (0, 1),
 }

@@ -107,10 +107,20 @@ def _relu(pos: list, kw: dict) -> Callable[[], Any] | None:
     return functools.partial(torch.clamp_min, x, 0, out=out)
 
 
+def _clone(pos: list, kw: dict) -> Callable[[], Any] | None:
+    """``clone.out`` (autogen: ``clone`` then copy) -> ``out.copy_(x)``: the same element copy, once; none at all
+    when the program clones a dying value into itself (``copy_`` of a tensor onto itself returns at once)."""
+    (x,), out = pos, kw["out"]
+    if not isinstance(x, torch.Tensor) or x.shape != out.shape or x.dtype != out.dtype or x.is_quantized:
+        return None
+    return functools.partial(out.copy_, x)
+
+
 _DIRECT: dict[Any, Callable[[list, dict], Callable[[], Any] | None]] = {
     _BN_NO_TRAINING_OUT: _batch_norm_no_training,
     _CONVOLUTION_OUT: _convolution,
     _aten.relu.out: _relu,
+    _aten.clone.out: _clone,
 }
 
 
