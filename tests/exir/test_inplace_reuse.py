@@ -151,3 +151,34 @@ def test_eval_dropout_clone_runs_in_place_only_when_its_input_dies() -> None:
               if isinstance(ins.call, pf.KernelCallDef) and plan.operators[ins.call.op_index].name == "aten::clone"]
     kept_clone = [c for c in clones if not set(c.outputs) & set(c.args)]
     assert len(kept_clone) == 1 and len(clones) >= 2
+
+
+class ViewInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = (x * 2.0).view(4, 6)
+        return torch.relu(a) + 1.0  # the view dies at the relu, and so does its base: in place
+
+
+class ViewInputBaseReadLater(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x * 2.0
+        r = torch.relu(b.view(4, 6))
+        return r.view(6, 4) + b  # the base is read after the relu of its view
+
+
+class TwoViewsOfOneBase(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x * 2.0
+        return b.view(4, 6) * b.view(6, 4).t().contiguous().view(4, 6)
+
+
+def test_view_input_whose_base_dies_runs_in_place() -> None:
+    assert _check(ViewInput(), torch.randn(6, 4)) == ["aten::relu", "aten::add"]
+
+
+def test_view_input_whose_base_is_read_later_is_not_overwritten() -> None:
+    assert "aten::relu" not in _check(ViewInputBaseReadLater(), torch.randn(6, 4))
+
+
+def test_views_of_one_base_in_one_instruction() -> None:
+    _check(TwoViewsOfOneBase(), torch.randn(6, 4))

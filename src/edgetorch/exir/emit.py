@@ -454,35 +454,39 @@ class _MethodEmitter:
                 continue
             rename[o] = x
             c.outputs = [x]
-            self.last_use[x] = self.last_use.pop(o)
+            root = self.root(x)
+            self.last_use[root] = self.last_use.pop(o)
             self.first_use.pop(o)
             self.planned.remove(o)
             self.values[o] = None
             for a, r in self.alias_root.items():
                 if r == o:
-                    self.alias_root[a] = x
+                    self.alias_root[a] = root
         for i, v in enumerate(self.values):
             if isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)) and any(j in rename for j in v.items):
                 self.values[i] = type(v)(tuple(rename.get(j, j) for j in v.items))
         return [rename.get(o, o) for o in outputs]
 
     def _aliased_by_other_args(self, args: list[int], x: int) -> bool:
-        """True when an argument other than ``x`` itself reads ``x``'s storage (a view of it)."""
+        """True when an argument other than ``x`` itself reads ``x``'s storage (its base or another view)."""
         for a in args:
             v = self.values[a]
             items = v.items if isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)) else (a,)
-            if any(i != x and i >= 0 and self.root(i) == x for i in items):
+            if any(i != x and i >= 0 and self.root(i) == self.root(x) for i in items):
                 return True
         return False
 
     def _can_take_over(self, x: int, o: int, at: int) -> bool:
-        """True when planned value ``x`` (not an input, not a view) is last read at ``at`` and has ``o``'s
-        dtype, sizes and strides, so the instruction at ``at`` may write ``o`` into ``x``'s bytes."""
-        vx, vo = self.values[x], self.values[o]
-        return (isinstance(vx, pf.TensorDef) and isinstance(vo, pf.TensorDef) and x in self.last_use
-                and o in self.last_use and x not in self.alias_root and x not in self.inputs
-                and vx.placement == pf.PLACEMENT_PLANNED and vo.placement == pf.PLACEMENT_PLANNED
-                and not vx.sym_shape and not vo.sym_shape and self.last_use[x] == at
+        """True when ``x`` (a planned value or a view of one, not an input) is last read, through any alias of
+        its storage, at ``at`` and has ``o``'s dtype, sizes and strides, so the instruction at ``at`` may write
+        ``o`` into ``x``'s bytes."""
+        r = self.root(x)
+        vx, vo, vr = self.values[x], self.values[o], self.values[r]
+        return (isinstance(vx, pf.TensorDef) and isinstance(vo, pf.TensorDef) and isinstance(vr, pf.TensorDef)
+                and r in self.last_use and o in self.last_use and r not in self.inputs
+                and vr.placement == pf.PLACEMENT_PLANNED and vo.placement == pf.PLACEMENT_PLANNED
+                and vx.placement in (pf.PLACEMENT_PLANNED, pf.PLACEMENT_ALIAS)
+                and not vx.sym_shape and not vo.sym_shape and not vr.sym_shape and self.last_use[r] == at
                 and (vx.scalar_type, vx.sizes, vx.strides, vx.storage_offset, vx.nbytes)
                 == (vo.scalar_type, vo.sizes, vo.strides, vo.storage_offset, vo.nbytes))
 
