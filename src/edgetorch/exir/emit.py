@@ -3,7 +3,10 @@
 Reads the graph without mutating it (the ETRecord holds the same program). Every tensor produced by a
 kernel gets a slot in the method's arena; view ops become aliases of their base (evaluated once when the
 runtime loads the method); ops without an out variant run functionally and their result is copied into the
-planned slot. Constants go to the shared segment area (deduplicated, 64-byte aligned).
+planned slot. Constants go to the shared segment area (deduplicated, 64-byte aligned). An elementwise op
+(relu, hardtanh, add, an eval-mode dropout's clone ...) whose input dies at it writes its result over that input,
+as eager's ``relu_`` does (``reuse_dying_inputs``): the instruction, its debug handle and its logged output are
+unchanged, only the value it writes is the input's.
 
 Bounded dynamic shapes: tensors whose sizes are symbolic are planned at their upper bounds and carry their size
 expressions (``exir.symbolic``); symbolic-int nodes (``sym_size``, ``operator.mul`` ...) become ``SymInt``
