@@ -160,31 +160,3 @@ def test_bad_options_are_rejected():
         OrtPartitioner(exclude_ops=["aten.no_such_op.default"])
     with pytest.raises(ValueError, match="keep_whole"):
         OrtPartitioner(keep_whole=["conv"])
-
-
-def _spin_specs(low) -> list[bytes | None]:
-    """The ``allow_spinning`` compile spec of each delegate (None: the default, off)."""
-    out = []
-    for call in delegate_calls(low.lowered):
-        specs = {s.key: s.value for s in call.meta["lowered_module"].compile_specs}
-        out.append(specs.get("allow_spinning"))
-    return out
-
-
-class _Mlp(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.nn.functional.gelu(self.a(x)))
-
-
-def test_spinning_is_on_by_default_only_for_a_fully_delegated_program():
-    model = _Mlp().eval()
-    x = (torch.randn(2, 8),)
-    assert _spin_specs(lower_ort(model, x)) == [b"1"]
-    assert _spin_specs(lower_ort(model, x, allow_spinning=False)) == [None]
-    split = _spin_specs(lower_ort(model, x, exclude_ops=["aten.gelu.default"]))
-    assert len(split) == 2 and split == [None, None]
-    assert _spin_specs(lower_ort(model, x, exclude_ops=["aten.gelu.default"], allow_spinning=True)) == [b"1", b"1"]

@@ -73,12 +73,6 @@ def _module_paths(node: torch.fx.Node) -> list[str]:
     return out
 
 
-def _fully_tagged(gm: torch.fx.GraphModule) -> bool:
-    """Whether every compute node of ``gm`` is delegated (nothing runs on the portable backend between runs)."""
-    return all(n.meta.get(DELEGATION_TAG) for n in gm.graph.nodes
-               if n.op == "call_function" and n.target not in _ops.NON_COMPUTE_OPS)
-
-
 #: values of scalar nodes (sizes of dynamic shapes, or scalars computed from data)
 _SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
@@ -194,10 +188,9 @@ class OrtPartitioner(Partitioner):
     "every": which traced runs get per-op ORT profiler events), ``observer_effect`` ("every" / "first" /
     "off": which debug runs also run the plain session and compare its final outputs with the exposing
     session's), ``exporter`` ("fast" / "torch.onnx"), ``onnx_optimize`` (onnxscript optimizer after export),
-    ``allow_spinning`` (ORT threads spin-wait between ops; ``None``, the default: on only when the whole program
-    is one delegate, since spinning threads starve the torch kernels that run between partitions, while a
-    fully delegated MobileNetV2 INT8 ran 24 % faster on 2 threads with it) and ``compile_specs`` (raw extra
-    specs) become the delegate's compile specs (only values differing from the defaults are stored).
+    ``allow_spinning`` (ORT threads spin-wait between runs; off by default: spinning threads starve the torch
+    kernels that run between partitions) and ``compile_specs`` (raw extra specs) become the
+    delegate's compile specs (only values differing from the defaults are stored).
     """
 
     def __init__(self, exclude_ops: Iterable[object] = (), exclude_nodes: Iterable[str] = (),
@@ -205,7 +198,7 @@ class OrtPartitioner(Partitioner):
                  fallback_unsupported: bool = True, extra_ops: Iterable[object] = (),
                  keep_whole: Iterable[str] = (), min_compute_ops: int = 1, intra_op_num_threads: int = 0,
                  profile_ops: str = "first", observer_effect: str = "every", exporter: str = "fast",
-                 onnx_optimize: bool = False, allow_spinning: bool | None = None,
+                 onnx_optimize: bool = False, allow_spinning: bool = False,
                  compile_specs: dict[str, bytes] | None = None) -> None:
         if graph_optimization_level not in _LEVELS:
             raise ValueError(f"graph_optimization_level must be one of {_LEVELS}, got {graph_optimization_level!r}")
@@ -229,7 +222,6 @@ class OrtPartitioner(Partitioner):
                  "intra_op_num_threads": str(int(intra_op_num_threads)), "profile_ops": profile_ops,
                  "observer_effect": observer_effect, "exporter": exporter,
                  "onnx_optimize": "1" if onnx_optimize else "0", "allow_spinning": "1" if allow_spinning else "0"}
-        self.auto_spinning = allow_spinning is None
         self.compile_specs = [CompileSpec(k, v.encode()) for k, v in specs.items()
                               if COMPILE_SPEC_DEFAULTS.get(k) != v]
         self.compile_specs += [CompileSpec(k, bytes(v)) for k, v in (compile_specs or {}).items()]
@@ -341,8 +333,6 @@ class OrtPartitioner(Partitioner):
             tags[tag] = DelegationSpec(BACKEND_ID, list(self.compile_specs))
             for n in p.nodes:
                 n.meta[DELEGATION_TAG] = tag
-        if self.auto_spinning and len(tags) == 1 and _fully_tagged(gm):
-            tags[next(iter(tags))].compile_specs.append(CompileSpec("allow_spinning", b"1"))
         if tags and localize_sizes(gm):
             gm.graph.lint()
             gm.recompile()
