@@ -441,12 +441,10 @@ class _MethodEmitter:
         method's outputs renamed the same way."""
         rename: dict[int, int] = {}
         for at, ins in enumerate(self.instructions):
-            c = ins.call
-            if not isinstance(c, pf.KernelCallDef):
-                continue
+            c = ins.call  # kernel and delegate calls alike read the renamed values
             c.args = [rename.get(a, a) for a in c.args]
             c.outputs = [rename.get(o, o) for o in c.outputs]
-            if c.kind != pf.CALL_OUT or len(c.outputs) != 1:
+            if not isinstance(c, pf.KernelCallDef) or c.kind != pf.CALL_OUT or len(c.outputs) != 1:
                 continue
             op = self.operators[c.op_index]
             positions = _INPLACE_OUT.get((op.name, op.overload))

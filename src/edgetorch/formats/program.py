@@ -786,9 +786,12 @@ def _check_symbols(p: PlanDef, fail: Callable[[str, str], None]) -> None:
 MAX_TENSOR_BYTES = 1 << 44  # no dim, stride or extent of a sane tensor comes near this (16 TiB)
 
 
-def _check_extent(p: PlanDef, k: int, v: TensorDef, program: ProgramDef, fail: Callable[[str, str], None]) -> None:
+def _check_extent(p: PlanDef, k: int, v: TensorDef, program: ProgramDef, fail: Callable[[str, str], None],
+                  kernel_written: frozenset[int] = frozenset()) -> None:
     """The elements ``sizes``/``strides``/``storage_offset`` address lie inside the bytes the tensor owns
-    (its arena slot or its constant), so that no view made from them reads or writes outside."""
+    (its arena slot or its constant), so that no view made from them reads or writes outside. A tensor a kernel
+    writes (``kernel_written``) must not have elements sharing memory; a delegate may return a broadcast
+    (stride-0) tensor, which the runtime stores element by element."""
     fld = f"{p.name}.values[{k}]"
     itemsize = PLAIN_CODE_TO_DTYPE[v.scalar_type].itemsize
     if v.storage_offset < 0 or any(st < 0 for st in v.strides):
@@ -804,7 +807,7 @@ def _check_extent(p: PlanDef, k: int, v: TensorDef, program: ProgramDef, fail: C
         if extent > v.nbytes:
             fail(f"method '{p.name}': tensor value {k} (sizes {list(v.sizes)}, strides {list(v.strides)}, offset "
                  f"{v.storage_offset}) spans {extent} bytes but its arena slot has {v.nbytes}", fld + ".nbytes")
-        if _overlaps(v.sizes, v.strides):
+        if k in kernel_written and _overlaps(v.sizes, v.strides):
             fail(f"method '{p.name}': planned tensor value {k} (sizes {list(v.sizes)}, strides {list(v.strides)}) "
                  "has elements sharing memory; kernels cannot write it", fld + ".strides")
     elif v.placement == PLACEMENT_CONSTANT and 0 <= v.constant_index < len(program.constants):
@@ -911,6 +914,8 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
             if not 0 <= i < nv:
                 fail(f"{where}: {what} refers to value {i}, but the method has {nv} values", f"{p.name}.{fld}")
 
+        kernel_written = frozenset(o for ins in p.instructions if isinstance(ins.call, KernelCallDef)
+                                   and ins.call.kind != CALL_VIEW for o in ins.call.outputs) | set(p.inputs)
         for k, v in enumerate(p.values):
             if isinstance(v, TensorDef):
                 if not _plain_scalar_type(v.scalar_type):
@@ -921,7 +926,7 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
                          f"{p.name}.values[{k}]")
                 if any(s < 0 for s in v.sizes) or v.nbytes < 0:
                     fail(f"{where}: tensor value {k} has a negative size", f"{p.name}.values[{k}]")
-                _check_extent(p, k, v, program, fail)
+                _check_extent(p, k, v, program, fail, kernel_written)
                 if v.placement == PLACEMENT_PLANNED:
                     if v.arena_offset < 0 or v.arena_offset + v.nbytes > p.arena_size:
                         fail(f"{where}: tensor value {k} spans arena bytes [{v.arena_offset}, "
