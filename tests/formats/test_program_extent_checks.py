@@ -157,3 +157,36 @@ def test_unknown_enum_arguments(mlp, value, match):  # "unknown scalar-type code
     def edit(prog):
         prog.plans[0].values.append(value)
     _refused(mlp, edit, f".values[{len(mlp[0].plans[0].values)}]", match)
+
+
+def _kernel(prog: pf.ProgramDef, op: str) -> pf.InstructionDef:
+    plan = prog.plans[0]
+    return next(ins for ins in plan.instructions if isinstance(ins.call, pf.KernelCallDef)
+                and plan.operators[ins.call.op_index].name == op)
+
+
+def test_an_instruction_writing_a_constant(mlp):
+    """A fuzzer find: an output index pointing at a weight made addmm resize the weight (a silent change)."""
+    index = mlp[0].plans[0].instructions.index(_kernel(mlp[0], "aten::addmm"))
+
+    def edit(prog):
+        k, _ = _tensor(prog, pf.PLACEMENT_CONSTANT)
+        _kernel(prog, "aten::addmm").call.outputs = [k]
+    _refused(mlp, edit, f"instructions[{index}]", "writes value .*, a constant")
+
+
+def test_a_kernel_computing_another_shape_than_planned_is_refused_at_its_first_run(mlp):
+    """An output index pointing at a planned tensor of another shape passes the load checks; the first run
+    compares every static shape with the plan and refuses the result."""
+    prog, segment, inputs, _ = mlp
+    prog = copy.deepcopy(prog)
+    plan = prog.plans[0]
+    last = [ins.call for ins in plan.instructions if isinstance(ins.call, pf.KernelCallDef)
+            and plan.operators[ins.call.op_index].name == "aten::addmm"][-1]
+    other = next(k for k, v in enumerate(plan.values) if isinstance(v, pf.TensorDef) and v.placement ==
+                 pf.PLACEMENT_PLANNED and k not in plan.inputs and k not in last.args
+                 and v.sizes != plan.values[last.outputs[0]].sizes)
+    last.outputs = [other]
+    method = Runtime.get().load_program(_file(prog, segment)).load_method("forward")
+    with pytest.warns(UserWarning, match="resized"), pytest.raises(ProgramFormatError, match="computed value"):
+        method.execute(*inputs)

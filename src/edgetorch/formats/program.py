@@ -916,6 +916,11 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
 
         kernel_written = frozenset(o for ins in p.instructions if isinstance(ins.call, KernelCallDef)
                                    and ins.call.kind != CALL_VIEW for o in ins.call.outputs) | set(p.inputs)
+        for k, ins in enumerate(p.instructions):  # weights are read-only: no instruction writes a constant
+            for o in ins.call.outputs:
+                v = p.values[o] if 0 <= o < nv else None
+                if isinstance(v, TensorDef) and v.placement == PLACEMENT_CONSTANT:
+                    fail(f"{where}: instruction {k} writes value {o}, a constant", f"{p.name}.instructions[{k}]")
         for k, v in enumerate(p.values):
             if isinstance(v, TensorDef):
                 if not _plain_scalar_type(v.scalar_type):

@@ -40,6 +40,8 @@ from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_
 from edgetorch.runtime.backend_registry import get_backend
 from edgetorch.runtime.ops import direct_functional, direct_kernel, resolve_operator
 
+_STATIC_CHECKED = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_MUTABLE)
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -109,6 +111,7 @@ class Method:
         self.name = plan.name
         loaded = program._loaded
         self._lock = threading.RLock()
+        self._shapes_checked = False  # the first run checks every static planned shape (see _check_planned_shapes)
         self._arena = _allocate_arena(plan)
         self._arena_views: dict[torch.dtype, torch.Tensor] = {}
         self._slots: list[Any] = [None] * len(plan.values)
@@ -429,7 +432,26 @@ class Method:
                 tracer.run_method(self)
             else:
                 self._run_fast()
+            if not self._shapes_checked:
+                self._check_planned_shapes()
+                self._shapes_checked = True
             return self._collect_outputs()
+
+    def _check_planned_shapes(self) -> None:
+        """After the first run: every static planned tensor still has the shape the program plans. A kernel that
+        computed another shape (a corrupted or hand-edited file whose indices still pass the load checks) made
+        torch resize its output away from the arena; the run is refused instead of returning its result. Static
+        shapes do not change between runs, so once is enough."""
+        for vid, v in enumerate(self._plan.values):
+            if not isinstance(v, pf.TensorDef) or v.sym_shape or v.placement not in _STATIC_CHECKED:
+                continue
+            t = self._arg(vid)
+            if isinstance(t, torch.Tensor) and list(t.shape) != list(v.sizes):
+                writer = next((k for k, ins in enumerate(self._plan.instructions) if vid in ins.call.outputs), None)
+                raise ProgramFormatError(
+                    f"method '{self.name}': instruction {writer} computed value {vid} with shape {list(t.shape)}, "
+                    f"but the program plans {list(v.sizes)} (the file is inconsistent: corrupted or edited?)",
+                    field=f"{self.name}.values[{vid}].sizes")
 
     def execute_structured(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the method and returns its outputs with the structure the eager model returned (the classes it

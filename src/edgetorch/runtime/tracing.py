@@ -488,7 +488,7 @@ class _MethodTrace:
             if nbytes:
                 o.slot = self.num_slots
                 self.num_slots += 1
-                self._slot_of.setdefault(vid, o.slot)
+                self._slot_of[vid] = o.slot  # the last writer: an in-place op rewrites its input's slot
                 self.run_bytes += _aligned(nbytes)
                 mark = len(self._blobs) + 1
                 if cur.is_contiguous():
