@@ -22,30 +22,25 @@ def check_output_path(path: str, flag: str) -> None:
     """Fails early (before a long run) when ``path`` cannot be written."""
     if os.path.isdir(path):
         raise CliError(f"{flag} {path} is a directory")
-    d = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(d):
-        parent = os.path.dirname(d)
-        if parent == d:
-            break
-        d = parent
-    if not os.path.isdir(d):
-        raise CliError(f"cannot write {flag} {path}: {d} is not a directory")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise CliError(f"cannot write {flag} {path}: directory {d} is not writable")
+    _check_writable_ancestor(os.path.dirname(os.path.abspath(path)), path, flag, "write")
 
 
 def check_output_dir(path: str, flag: str) -> None:
     """Fails early (before a long run) when the folder ``path`` cannot be created or written."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise CliError(f"{flag} {path} exists and is not a directory")
-    d = os.path.abspath(path)
+    _check_writable_ancestor(os.path.abspath(path), path, flag, "create")
+
+
+def _check_writable_ancestor(d: str, path: str, flag: str, verb: str) -> None:
+    """The nearest existing ancestor of ``d`` (``d`` itself if it exists) is a writable directory."""
     while not os.path.exists(d):
         parent = os.path.dirname(d)
         if parent == d:
             break
         d = parent
     if not os.path.isdir(d):
-        raise CliError(f"cannot create {flag} {path}: {d} is not a directory")
+        raise CliError(f"cannot {verb} {flag} {path}: {d} is not a directory")
     if not os.access(d, os.W_OK | os.X_OK):
         raise CliError(f"cannot write {flag} {path}: directory {d} is not writable")
 
