@@ -31,20 +31,17 @@ import pandas as pd
 import torch
 import torch.utils._pytree as pytree
 
+from edgetorch.devtools.inspector.float_reference import annotated_consumers
 from edgetorch.errors import InspectorError
 from edgetorch.export import ExportRecipe, export
+from edgetorch.export.quantizer import ANNOTATED_OPS, FUSED_ACTIVATION_OPS, WEIGHTED_OPS
 from edgetorch.export.recipe import RecipeType
 
 __all__ = ["FallbackReport", "QuantizedRun", "coarsen_weight", "cosine_to_float", "fp32_recipe_of",
            "inspect_quantized", "layer_nodes", "quantize_pt2e_program", "rank_layers", "run_latency_ms",
            "selective_fallback"]
 
-_FUSED_ACTIVATIONS = {"aten.relu.default", "aten.relu_.default", "aten.hardtanh.default", "aten.hardtanh_.default"}
-_WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}
-_BATCH_NORMS = {"aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
-#: what SymmetricInt8Quantizer annotates (and an exclusion can therefore keep float)
-_ANNOTATED = _WEIGHTED | _FUSED_ACTIVATIONS | {"aten.add.Tensor", "aten.add_.Tensor", "aten.max_pool2d.default",
-                                               "aten.avg_pool2d.default", "aten.adaptive_avg_pool2d.default"}
+_BATCH_NORMS = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}
 
 
 @dataclass
@@ -188,34 +185,17 @@ def layer_nodes(run: QuantizedRun, row: pd.Series) -> list[str]:
     node = next((n for n in fgm.graph.nodes if n.name == row["aot_ops"][0]), None)
     if node is None:
         return [row["aot_ops"][0]]
-    target = str(node.target)
-    if target in _FUSED_ACTIVATIONS:
+    if node.target in FUSED_ACTIVATION_OPS:
         producer = node.args[0] if node.args else None
-        while isinstance(producer, torch.fx.Node) and str(producer.target) in _BATCH_NORMS \
+        while isinstance(producer, torch.fx.Node) and producer.target in _BATCH_NORMS \
                 and len(producer.users) == 1:  # a batch norm folded into the conv at prepare time
             producer = producer.args[0]
-        if isinstance(producer, torch.fx.Node) and str(producer.target) in _WEIGHTED and len(producer.users) == 1:
+        if isinstance(producer, torch.fx.Node) and producer.target in WEIGHTED_OPS and len(producer.users) == 1:
             return [producer.name, node.name]
         return [node.name]
-    if target in _ANNOTATED:
+    if node.target in ANNOTATED_OPS:
         return [node.name]
-    return _annotated_consumers(node)
-
-
-def _annotated_consumers(node: torch.fx.Node, depth: int = 4) -> list[str]:
-    """The ops the quantizer annotates among ``node``'s consumers, looking through up to ``depth`` others."""
-    out: list[str] = []
-    todo, seen = [(u, 1) for u in node.users], set()
-    while todo:
-        u, d = todo.pop(0)
-        if u in seen or u.op != "call_function":
-            continue
-        seen.add(u)
-        if str(u.target) in _ANNOTATED:
-            out.append(u.name)
-        elif d < depth:
-            todo += [(v, d + 1) for v in u.users]
-    return out
+    return [u.name for u in annotated_consumers(node)]
 
 
 def rank_layers(run: QuantizedRun, ranking: str = "simulate", steps: int = 3) -> pd.DataFrame:

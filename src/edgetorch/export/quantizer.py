@@ -56,6 +56,7 @@ _POOLS = {aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_po
 #: every op the quantizer may annotate (and an exclusion can therefore keep float)
 ANNOTATED_OPS = frozenset(_WEIGHTED | _ACTIVATIONS | _ADDS | _POOLS)
 WEIGHTED_OPS = frozenset(_WEIGHTED)
+FUSED_ACTIVATION_OPS = frozenset(_ACTIVATIONS)  # fused into the conv/linear before them
 
 
 @dataclass(frozen=True)

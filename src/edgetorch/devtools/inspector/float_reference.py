@@ -553,9 +553,10 @@ def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int]
     return {h: v / norm if norm > 0 else math.inf for h, v in acc.items()}
 
 
-def _requantized_downstream(n: torch.fx.Node, depth: int = 4) -> bool:
-    """Whether an op the quantizer annotates reads ``n``'s value (through up to ``depth`` other ops): keeping
-    ``n``'s op float then leaves that value quantized (its consumer quantizes it)."""
+def annotated_consumers(n: torch.fx.Node, depth: int = 4) -> list[torch.fx.Node]:
+    """The ops the quantizer annotates among ``n``'s consumers, looking through up to ``depth`` other ops (each
+    path stops at the first annotated one): the ops that quantize ``n``'s value again."""
+    out: list[torch.fx.Node] = []
     todo, seen = [(u, 1) for u in n.users], set()
     while todo:
         u, d = todo.pop(0)
@@ -563,10 +564,10 @@ def _requantized_downstream(n: torch.fx.Node, depth: int = 4) -> bool:
             continue
         seen.add(u)
         if u.target in ANNOTATED_OPS:
-            return True
-        if d < depth:
+            out.append(u)
+        elif d < depth:
             todo += [(v, d + 1) for v in u.users]
-    return False
+    return out
 
 
 def _removable(head: torch.fx.Node, end: torch.fx.Node, full: torch.Tensor, pre: torch.Tensor | None,
@@ -574,7 +575,7 @@ def _removable(head: torch.fx.Node, end: torch.fx.Node, full: torch.Tensor, pre:
     """The part of a row's local error that keeping it in float removes (``quant_fallback`` keeps an op the
     quantizer does not annotate float through its consumers: all of it; an annotated op whose output a consumer
     re-quantizes anyway: only what precedes the output quantization, e.g. the weight error)."""
-    if head.target not in ANNOTATED_OPS or not output_quantized or not _requantized_downstream(end):
+    if head.target not in ANNOTATED_OPS or not output_quantized or not annotated_consumers(end):
         return full
     return None if pre is None else pre - local
 
