@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psutil
 import torch
@@ -33,3 +34,17 @@ def thread_settings() -> list[int]:
     """Thread counts to report: 1 and the default (if different)."""
     default = torch.get_num_threads()
     return [1] if default == 1 else [1, default]
+
+
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    """torch runs ``n`` threads inside the block; with 1 thread the process is pinned to one core. Both are
+    restored afterwards."""
+    default, cores = torch.get_num_threads(), sorted(os.sched_getaffinity(0))
+    torch.set_num_threads(n)
+    os.sched_setaffinity(0, cores[:1] if n == 1 else cores)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(default)
+        os.sched_setaffinity(0, cores)

@@ -22,6 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from _common import threads  # noqa: E402
+
 from edgetorch.exir import to_edge  # noqa: E402
 from edgetorch.models import get_spec  # noqa: E402
 from edgetorch.runtime import Runtime  # noqa: E402
@@ -66,22 +68,14 @@ def bench_model(name: str, thread_counts: list[int], runs: int | None, budget: f
     to_edge(ep).to_executorch().save(path)
     method = Runtime.get().load_program(path).load_method("forward")
     lines = []
-    default_threads = torch.get_num_threads()
-    cores = sorted(os.sched_getaffinity(0))
-    try:
-        for threads in thread_counts:
-            torch.set_num_threads(threads)
-            os.sched_setaffinity(0, cores[:1] if threads == 1 else cores)
-            with torch.no_grad():
-                t0 = time.perf_counter()
-                model(*inputs)
-                n = _runs_for(time.perf_counter() - t0, budget, runs)
-                r = paired(lambda: method.execute(*inputs), lambda: model(*inputs), n)
-            lines.append(f"| {name} | {threads} | {1000 * r['a']:.3f} | {1000 * r['b']:.3f} | "
-                         f"{r['a'] / r['b']:.3f} | {r['lo']:.2f}-{r['hi']:.2f} | {n} |")
-    finally:
-        torch.set_num_threads(default_threads)
-        os.sched_setaffinity(0, cores)
+    for n_threads in thread_counts:
+        with threads(n_threads), torch.no_grad():
+            t0 = time.perf_counter()
+            model(*inputs)
+            n = _runs_for(time.perf_counter() - t0, budget, runs)
+            r = paired(lambda: method.execute(*inputs), lambda: model(*inputs), n)
+        lines.append(f"| {name} | {n_threads} | {1000 * r['a']:.3f} | {1000 * r['b']:.3f} | "
+                     f"{r['a'] / r['b']:.3f} | {r['lo']:.2f}-{r['hi']:.2f} | {n} |")
     return lines
 
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import alternate, rss_mb, thread_settings  # noqa: E402
+from _common import alternate, rss_mb, thread_settings, threads  # noqa: E402
 
 from edgetorch.exir import to_edge  # noqa: E402
 from edgetorch.models import get_spec  # noqa: E402
@@ -48,20 +48,12 @@ def bench_model(name: str, runs: int, tmp: str) -> list[str]:
              f"(total {t3 - t0:.2f}s); load_program+load_method {1000 * (t5 - t4):.1f} ms, "
              f"RSS +{rss1 - rss0:.1f} MB (arena {method.metadata.arena_bytes / 2**20:.1f} MB, "
              f"file {os.path.getsize(path) / 2**20:.1f} MB)"]
-    default_threads = torch.get_num_threads()
-    cores = sorted(os.sched_getaffinity(0))
-    try:
-        for threads in thread_settings():
-            torch.set_num_threads(threads)
-            os.sched_setaffinity(0, cores[:1] if threads == 1 else cores)  # 1 thread: pinned to one core
-            with torch.no_grad():
-                med = alternate({"eager": lambda: model(*inputs), "edgetorch": lambda: method.execute(*inputs)},
-                                runs)
-            lines.append(f"  threads={threads}: eager {1000 * med['eager']:.3f} ms, edgetorch "
-                         f"{1000 * med['edgetorch']:.3f} ms, ratio {med['edgetorch'] / med['eager']:.3f}")
-    finally:
-        torch.set_num_threads(default_threads)
-        os.sched_setaffinity(0, cores)
+    for n_threads in thread_settings():
+        with threads(n_threads), torch.no_grad():
+            med = alternate({"eager": lambda: model(*inputs), "edgetorch": lambda: method.execute(*inputs)},
+                            runs)
+        lines.append(f"  threads={n_threads}: eager {1000 * med['eager']:.3f} ms, edgetorch "
+                     f"{1000 * med['edgetorch']:.3f} ms, ratio {med['edgetorch'] / med['eager']:.3f}")
     return lines
 
 
