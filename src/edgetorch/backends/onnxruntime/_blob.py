@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from edgetorch.errors import FormatError
+from edgetorch.formats.alignment import align
 
 MAGIC = b"ETORTDLG"
 CONTAINER_VERSION = 1
-ALIGNMENT = 64
 _FIXED = struct.Struct("<8sIIQII")
 #: the ``location`` every external initializer of the stored ModelProto names
 EXTERNAL_LOCATION = "edgetorch-onnxruntime-blob"
@@ -43,10 +43,6 @@ class OrtBlobError(FormatError):
 
     def __init__(self, message: str, *, field: str = "") -> None:
         super().__init__(f"onnxruntime delegate blob: {message}", field=field)
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
 
 
 @dataclass
@@ -66,7 +62,7 @@ def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.
         nonlocal pos
         off = pos
         parts.append(data)
-        pad = _aligned(nbytes) - nbytes
+        pad = align(nbytes) - nbytes
         if pad:
             parts.append(bytes(pad))
         pos += nbytes + pad
@@ -81,7 +77,7 @@ def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.
                       "nbytes": int(arr.nbytes)})
     header["initializers"] = table
     head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-    payload_start = _aligned(_FIXED.size + len(head))
+    payload_start = align(_FIXED.size + len(head))
     payload_crc = 0
     for p in parts:
         payload_crc = zlib.crc32(p, payload_crc)
@@ -114,7 +110,7 @@ def unpack(blob: memoryview | bytes, verify_payload: bool = True) -> UnpackedBlo
         header = json.loads(bytes(head))
     except ValueError as e:
         raise OrtBlobError(f"header is not valid JSON: {e}", field="header") from None
-    payload_start = _aligned(_FIXED.size + head_len)
+    payload_start = align(_FIXED.size + head_len)
     payload = mv[payload_start:]
     if verify_payload and zlib.crc32(payload) != payload_crc:
         raise OrtBlobError("payload checksum mismatch: the ONNX model or its weights are corrupted", field="payload")

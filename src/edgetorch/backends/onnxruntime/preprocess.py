@@ -34,6 +34,7 @@ from edgetorch.exir.backend.backend_details import BackendDetails, PreprocessRes
 from edgetorch.exir.backend.partitioner import CompileSpec
 from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
+from edgetorch.formats import alignment
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +345,7 @@ def symbol_bounds(ep: ExportedProgram) -> dict[str, list[int | None]]:
 def _debug_value_info(model: Any, work: ExportedProgram, names: set[str]) -> tuple[dict[str, Any], int | None]:
     """``{name: {dtype, shape}}`` of the exposed values (dims as ``dim_spec``, from the FX values the ONNX
     values are named after) and the debug-buffer bytes they take in the largest run (every dynamic dim at its
-    upper bound, each value 64-byte aligned; None when a shape or a bound is unknown)."""
+    upper bound, sized by ``formats.alignment.debug_bytes``; None when a shape or a bound is unknown)."""
     fx = {n.name: n for n in work.graph.nodes}
     ranges = dict(work.range_constraints)
     info: dict[str, Any] = {}
@@ -364,7 +365,7 @@ def _debug_value_info(model: Any, work: ExportedProgram, names: set[str]) -> tup
                             "shape": [dim_spec(d) for d in shape] if shape is not None else None}
             uppers = [_upper(d, ranges) for d in shape] if shape is not None else [None]
             if total is not None and dtype is not None and None not in uppers:
-                total += (math.prod(uppers) * dtype.itemsize + 63) // 64 * 64
+                total += alignment.debug_bytes([math.prod(uppers) * dtype.itemsize])
             else:
                 total = None
     return info, total
