@@ -14,6 +14,7 @@ import numpy as np
 
 from edgetorch.errors import MemoryPlanError
 from edgetorch.formats import program as pf
+from edgetorch.formats.alignment import align
 
 
 @dataclass
@@ -32,10 +33,6 @@ class MemoryPlan:
     algorithm: str
 
 
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
 def peak_live_bytes(buffers: list[Buffer], alignment: int = 64) -> int:
     if not buffers:
         return 0
@@ -43,8 +40,8 @@ def peak_live_bytes(buffers: list[Buffer], alignment: int = 64) -> int:
     hi = max(b.last for b in buffers)
     delta = np.zeros(hi - lo + 2, dtype=np.int64)
     for b in buffers:
-        delta[b.first - lo] += _align(b.size, alignment)
-        delta[b.last - lo + 1] -= _align(b.size, alignment)
+        delta[b.first - lo] += align(b.size, alignment)
+        delta[b.last - lo + 1] -= align(b.size, alignment)
     return int(np.cumsum(delta).max())
 
 
@@ -52,7 +49,7 @@ def _place(buffers: list[Buffer], order: list[int], alignment: int, best_fit: bo
     n = len(buffers)
     firsts = np.array([b.first for b in buffers], dtype=np.int64)
     lasts = np.array([b.last for b in buffers], dtype=np.int64)
-    sizes = np.array([_align(b.size, alignment) for b in buffers], dtype=np.int64)
+    sizes = np.array([align(b.size, alignment) for b in buffers], dtype=np.int64)
     offs = np.full(n, -1, dtype=np.int64)
     placed = np.zeros(n, dtype=bool)
     total = 0
@@ -111,7 +108,7 @@ def plan_memory(buffers: list[Buffer], alignment: int = 64) -> MemoryPlan:
             break
     offsets, total, name = best
     offsets.update(empty)
-    return MemoryPlan(offsets, _align(total, alignment), peak, name)
+    return MemoryPlan(offsets, align(total, alignment), peak, name)
 
 
 def live_ranges(plan: pf.PlanDef) -> dict[int, tuple[int, int]]:

@@ -28,6 +28,7 @@ import flatbuffers
 
 from edgetorch.errors import FormatError
 from edgetorch.formats._generated import bundled_program_generated as fb
+from edgetorch.formats.alignment import ALIGNMENT, align
 
 MAGIC = b"EDGTBNDL"
 FB_IDENTIFIER = b"EDBP"
@@ -37,7 +38,6 @@ BUNDLE_SCHEMA_VERSION = 1
 # data size, SHA-256 of [fb offset, program offset) + [data offset, data offset + data size)
 HEADER = struct.Struct("<8sIIQQQQQQ32s")
 HEADER_SIZE = 128
-ALIGNMENT = 64
 PTE_MAGIC = b"EDGTPROG"  # first bytes of a .pte (edgetorch.formats.program.MAGIC)
 # bytes per element of each scalar-type code (formats/dtypes.py), so that reading needs no torch import
 ITEMSIZE = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 8: 4, 9: 8, 10: 16, 11: 1, 12: 1, 13: 1, 14: 4, 15: 2,
@@ -47,10 +47,6 @@ ITEMSIZE = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 8: 4, 9: 8, 10: 16, 
 class BundledProgramFormatError(FormatError):
     """A bundled program (.bpte) is malformed, truncated or of an unsupported version; ``field`` names the
     part at fault."""
-
-
-def align(n: int, a: int = ALIGNMENT) -> int:
-    return (n + a - 1) // a * a
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,11 +20,12 @@ import torch
 from edgetorch.errors import ETDumpFormatError
 from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import etdump_generated as fb
+from edgetorch.formats.alignment import ALIGNMENT
 from edgetorch.formats.dtypes import CODE_TO_DTYPE, code_dtype
 
 FB_IDENTIFIER = b"EDD1"
 ETDUMP_SCHEMA_VERSION = 1
-DEBUG_BUFFER_ALIGNMENT = 64
+DEBUG_BUFFER_ALIGNMENT = ALIGNMENT  # every tensor in a debug buffer starts at a multiple of this
 NO_OFFSET = -1
 
 # Well-known profile event names.

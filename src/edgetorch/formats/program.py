@@ -25,6 +25,7 @@ import flatbuffers
 from edgetorch.formats import symexpr
 from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import program_generated as fb
+from edgetorch.formats.alignment import ALIGNMENT, align  # also imported from here as pf.align
 from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, storage_nbytes
 from edgetorch.formats.errors import ProgramFormatError
 
@@ -34,11 +35,6 @@ HEADER_VERSION = 2  # 2: the content hash is chunked (``content_hash``); 1: plai
 PROGRAM_SCHEMA_VERSION = 2  # 2: bounded dynamic shapes (symbols, SymInt values) and mutable buffers
 HEADER = struct.Struct("<8sIIQQQQ32s")  # magic, header ver, schema ver, fb off, fb size, seg off, seg size, hash
 HEADER_SIZE = 128
-ALIGNMENT = 64
-
-
-def align(n: int, a: int = ALIGNMENT) -> int:
-    return (n + a - 1) // a * a
 
 
 # ----------------------------------------------------------------------------------------------
