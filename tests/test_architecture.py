@@ -1,7 +1,8 @@
 """The import graph of ``src/edgetorch``: no cycles, and every arrow points downstream.
 
-Layers, bottom first: ``errors``/``_fileio``/``formats`` -> ``exir`` (compiler) and ``runtime`` (neither imports
-the other) -> ``backends`` -> ``export`` -> ``models`` -> ``devtools`` -> ``cli``. Imports under
+Layers, bottom first: ``errors``/``_fileio``/``_version``/``_hooks``/``formats`` -> ``exir`` (compiler) and
+``runtime`` (neither imports the other) -> ``backends`` -> ``export`` -> ``models`` -> ``devtools`` -> ``cli``; the
+root package (``edgetorch/__init__.py``) is the application layer that wires them (``_hooks``). Imports under
 ``if TYPE_CHECKING:`` are annotations, not dependencies; imports inside functions are dependencies. A new cycle or
 a new upward import fails here with the modules named; docs/architecture.md explains the layers.
 """
@@ -15,23 +16,25 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "edgetorch"
 
 #: top-level sub-package -> the sub-packages it may import (besides itself)
+_BOTTOM = {"errors", "_fileio", "_version", "_hooks"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "_version": set(),
+    "_hooks": set(),
     "_fileio": {"errors"},
-    "formats": {"errors", "_fileio"},
-    "exir": {"errors", "_fileio", "formats"},
-    "runtime": {"errors", "_fileio", "formats"},
-    "backends": {"errors", "_fileio", "formats", "exir", "runtime"},
-    "export": {"errors", "_fileio", "formats", "exir", "runtime", "backends"},
-    "models": {"errors", "_fileio", "formats", "exir", "runtime", "backends", "export"},
-    "devtools": {"errors", "_fileio", "formats", "exir", "runtime", "backends", "export", "models", "(root)"},
-    "cli": {"errors", "_fileio", "formats", "exir", "runtime", "backends", "export", "models", "devtools"},
+    "formats": _BOTTOM,
+    "exir": _BOTTOM | {"formats"},
+    "runtime": _BOTTOM | {"formats"},
+    "backends": _BOTTOM | {"formats", "exir", "runtime"},
+    "export": _BOTTOM | {"formats", "exir", "runtime", "backends"},
+    "models": _BOTTOM | {"formats", "exir", "runtime", "backends", "export"},
+    "devtools": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models"},
+    "cli": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools"},
     "__main__": {"cli"},
-    "(root)": {"errors"},
+    # the application layer: fills edgetorch._hooks (the ETRecord builder), so it may import every layer; no
+    # layer imports it (the version lives in edgetorch._version)
+    "(root)": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools", "cli"},
 }
-
-#: known upward imports still to remove (issue 14): importer module -> imported module
-KNOWN_UPWARD = {("edgetorch.exir.program", "edgetorch.devtools.etrecord")}
 
 
 def _modules() -> dict[str, Path]:
@@ -134,15 +137,16 @@ def test_every_import_points_downstream():
     for a, deps in _graph().items():
         for b in deps:
             la, lb = _layer(a), _layer(b)
-            if la != lb and lb not in ALLOWED.get(la, set()) and (a, b) not in KNOWN_UPWARD:
+            if la != lb and lb not in ALLOWED.get(la, set()):
                 upward.append(f"{a} -> {b}")
     assert upward == [], "imports against the layering (see docs/architecture.md):\n" + "\n".join(sorted(upward))
 
 
-def test_known_upward_imports_still_exist():
-    """Keeps KNOWN_UPWARD honest: an entry whose import is gone must be deleted from the list."""
+def test_the_compiler_does_not_reach_the_developer_tools():
+    """The compiler keeps its stage history as plain data; the devtools build the ETRecord from it."""
     graph = _graph()
-    assert all(b in graph.get(a, set()) for a, b in KNOWN_UPWARD)
+    assert not [(a, b) for a, deps in graph.items() if _layer(a) == "exir" for b in deps if _layer(b) == "devtools"]
+    assert "edgetorch.devtools.etrecord" in graph["edgetorch"]  # the root wires the ETRecord builder
 
 
 def test_the_checker_sees_cycles_and_type_checking_imports(tmp_path):

@@ -2,6 +2,23 @@
 
 Stages: ``edgetorch.exir`` (compiler), ``edgetorch.runtime`` (executes .pte programs),
 ``edgetorch.devtools`` (ETDump, ETRecord, Inspector), ``edgetorch.export`` (sessions and recipes).
+
+This module is the application layer: it imports nothing heavy, and wires the layers that must not import each
+other (``edgetorch._hooks``).
 """
 
-__version__ = "0.1.0"
+from typing import Any
+
+from edgetorch import _hooks
+from edgetorch._version import __version__
+
+
+def _etrecord_from_manager(manager: Any) -> Any:
+    from edgetorch.devtools.etrecord import ETRecord
+
+    return ETRecord.from_manager(manager)
+
+
+_hooks.etrecord_builder = _etrecord_from_manager
+
+__all__ = ["__version__"]

@@ -27,6 +27,7 @@ from edgetorch.devtools.inspector.noise import (
 )
 from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry, compute_numeric_gap
 from edgetorch.errors import InspectorError
+from edgetorch.formats.handles import IN_DELEGATE, HandleGroup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,7 +103,7 @@ def _qkv_graph():
 
 
 def _delegated(h: int, ops: str, value, iid: int = 0) -> RuntimeEntry:
-    return RuntimeEntry((h,), [ops], value, iid, "onnxruntime", in_delegate_call=iid)
+    return RuntimeEntry(HandleGroup(IN_DELEGATE, iid, (h,), ops, "onnxruntime"), [ops], value)
 
 
 @pytest.mark.parametrize("logged", ["all", "one"])

@@ -76,8 +76,7 @@ def _graph_snapshot(ep) -> list[tuple]:
 
 
 def _maps(rec: ETRecord) -> tuple:
-    return (rec._debug_handle_map, rec._delegate_map, rec._instruction_id_to_num_outs_map, rec.program_hash,
-            rec.memory_plan)
+    return (rec.handle_groups, rec.debug_handle_map, rec.delegate_map, rec.program_hash, rec.memory_plan)
 
 
 def _bit_equal(a, b) -> bool:
@@ -133,27 +132,28 @@ def test_capture_single_method(small):
     assert rec.exported_program is ep and rec.exported_programs == {"forward": ep}
     assert rec.edge_dialect_program is edge.exported_program("forward")
     assert rec.methods == ["forward"]
-    assert rec._debug_handle_map == et.debug_handle_map
-    assert all(isinstance(k, int) for d in rec._debug_handle_map.values() for k in d)
-    assert rec._delegate_map == {"forward": {}} and rec._instruction_id_to_num_outs_map == {"forward": {}}
+    assert rec.debug_handle_map == et.debug_handle_map
+    assert all(isinstance(k, int) for d in rec.debug_handle_map.values() for k in d)
+    assert rec.delegate_map == {"forward": {}} and rec.handle_groups == et.handle_groups
     assert rec.program_hash == et.content_hash and len(rec.program_hash) == 64
     assert rec.memory_plan == et.memory_plan_report()
     # every emitted handle is a handle of the edge graph
     edge_handles = {get_debug_handle(n) for n in rec.edge_dialect_program.graph.nodes} - {None}
-    assert set(rec._debug_handle_map["forward"].values()) <= edge_handles
-    # the EdgeProgramManager keeps its own (executorch-stage-free) record
-    assert edge._etrecord is not rec and edge._etrecord._debug_handle_map is None
+    assert set(rec.debug_handle_map["forward"].values()) <= edge_handles
+    # the EdgeProgramManager keeps plain stage history, no record; the record is built once
+    assert edge.stage_history.edge == {"forward": rec.edge_dialect_program} and et.get_etrecord() is rec
+    assert not hasattr(edge, "_etrecord") and not hasattr(et.stage_history, "handle_groups")
 
 
 def test_to_executorch_does_not_mutate_captured_programs():
     torch.manual_seed(0)
     ep = torch.export.export(Small().eval(), (torch.randn(2, 8),))
     edge = to_edge(ep, generate_etrecord=True)
-    before_edge = _graph_snapshot(edge._etrecord.edge_dialect_program)
-    before_aten = _graph_snapshot(edge._etrecord.exported_program)
-    state = {k: v.clone() for k, v in edge._etrecord.edge_dialect_program.state_dict.items()}
+    before_edge = _graph_snapshot(edge.stage_history.edge["forward"])
+    before_aten = _graph_snapshot(edge.stage_history.aten["forward"])
+    state = {k: v.clone() for k, v in edge.stage_history.edge["forward"].state_dict.items()}
     rec = edge.to_executorch().get_etrecord()
-    assert rec.edge_dialect_program is edge._etrecord.edge_dialect_program  # kept by reference, no deepcopy
+    assert rec.edge_dialect_program is edge.stage_history.edge["forward"]  # kept by reference, no deepcopy
     assert _graph_snapshot(rec.edge_dialect_program) == before_edge
     assert _graph_snapshot(rec.exported_program) == before_aten
     assert all(torch.equal(state[k], v) for k, v in rec.edge_dialect_program.state_dict.items())
@@ -167,7 +167,7 @@ def test_two_method_capture_and_round_trip(tmp_path):
     rec = et.get_etrecord()
     assert set(rec.exported_programs) == {"forward", "encode"} and rec.exported_program is eps["forward"]
     assert isinstance(rec.edge_dialect_program, dict) and set(rec.edge_dialect_program) == {"forward", "encode"}
-    assert set(rec._debug_handle_map) == {"forward", "encode"}
+    assert set(rec.debug_handle_map) == {"forward", "encode"}
     rec.update_representative_inputs({m: inputs[m] for m in inputs})
     rec.save(tmp_path / "two.etrecord")
     back = parse_etrecord(tmp_path / "two.etrecord")
@@ -190,7 +190,7 @@ def test_round_trip_equality(small, small_record, tmp_path):
     back = parse_etrecord(path)
     # maps with int keys, hash, memory plan: identical to the in-memory record
     assert _maps(back) == _maps(small_record)
-    assert all(isinstance(k, int) for d in back._debug_handle_map.values() for k in d)
+    assert all(isinstance(k, int) for d in back.debug_handle_map.values() for k in d)
     assert _bit_equal(small_record._representative_inputs, back._representative_inputs)
     assert _bit_equal(small_record._reference_outputs, back._reference_outputs)
     # edge and ATen graphs: names, targets, debug handles, stack traces, module stacks
@@ -217,9 +217,9 @@ def test_round_trip_equality(small, small_record, tmp_path):
 def test_in_memory_and_parsed_records_behave_the_same(small_record, small_bytes):
     back = parse_etrecord(small_bytes)
     for rec in (small_record, back):
-        m = rec._debug_handle_map["forward"]
-        assert m[0] == small_record._debug_handle_map["forward"][0]
-        assert rec.debug_handle_map is rec._debug_handle_map and rec.methods == ["forward"]
+        m = rec.debug_handle_map["forward"]
+        assert m[0] == small_record.debug_handle_map["forward"][0]
+        assert rec.handle_groups == small_record.handle_groups and rec.methods == ["forward"]
     assert repr(back) == repr(small_record)
 
 
@@ -229,8 +229,8 @@ def test_delegate_tables_and_sample_types_round_trip(small):
                    _debug_handle_map={"forward": {0: 3, 1: (4, 5, 6)}},
                    _delegate_map={"forward": {1: {"name": "FakeBackend", "delegate_map": {0: (4, 5), "fused": [6],
                                                                                          7: []}}}},
-                   _instruction_id_to_num_outs_map={"forward": {1: 2}}, program_hash="ab" * 32)
-    assert rec._debug_handle_map["forward"][1] == [4, 5, 6]  # tuples normalised in memory too
+                   program_hash="ab" * 32)
+    assert rec.debug_handle_map["forward"][1] == [4, 5, 6]  # tuples normalised in memory too
     base = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
     samples = [
         (base.permute(2, 0, 1), torch.tensor([True, False]), torch.zeros(0, 3, dtype=torch.int64), 3, None),
@@ -240,7 +240,7 @@ def test_delegate_tables_and_sample_types_round_trip(small):
     rec.update_reference_outputs({"forward": [base.to(torch.float16), (base.to(torch.complex64),)]})
     back = parse_etrecord(rec.to_bytes())
     assert _maps(back) == _maps(rec)
-    ids = list(back._delegate_map["forward"][1]["delegate_map"])
+    ids = list(back.delegate_map["forward"][1]["delegate_map"])
     assert ids == [0, "fused", 7] and isinstance(ids[0], int)
     assert _bit_equal(rec._representative_inputs, back._representative_inputs)
     assert _bit_equal(rec._reference_outputs, back._reference_outputs)
@@ -282,7 +282,7 @@ def test_generate_etrecord_one_shot_and_extra_modules(tmp_path):
     rec = parse_etrecord(path)
     assert set(rec.graph_map) == {"linear/forward", "edge_copy/forward"}
     assert set(rec.exported_programs) == {"forward"}  # taken from the EdgeProgramManager
-    assert rec._debug_handle_map == et.debug_handle_map and rec.program_hash == et.content_hash
+    assert rec.debug_handle_map == et.debug_handle_map and rec.program_hash == et.content_hash
     assert _graph_sig(rec.graph_map["edge_copy/forward"]) == _graph_sig(edge.exported_program())
     assert torch.equal(rec.graph_map["linear/forward"].module()(x), other.module()(x))
     with pytest.raises(ETRecordError, match="without '/'"):
@@ -292,7 +292,7 @@ def test_generate_etrecord_one_shot_and_extra_modules(tmp_path):
 def test_graph_map_hook_and_dedup(small):
     _, _, edge, et = small
     rec = et.get_etrecord().copy()
-    rec._add_graph("edge_after_transform", edge)
+    rec.add_extra_export_modules({"edge_after_transform": edge})
     assert rec.graph_map["edge_after_transform/forward"] is rec.edge_dialect_program
     data = rec.to_bytes()
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
@@ -305,11 +305,12 @@ def test_save_refuses_incomplete_records(small, tmp_path):
     _, ep, edge, _ = small
     with pytest.raises(ETRecordError, match="edge dialect program"):
         ETRecord().save(tmp_path / "a.etrecord")
-    with pytest.raises(ETRecordError, match="debug-handle map"):
-        edge._etrecord.save(tmp_path / "b.etrecord")
+    edge_only = ETRecord(exported_programs=dict(edge.stage_history.aten), edge_dialect_program=edge)
+    with pytest.raises(ETRecordError, match="handle groups"):
+        edge_only.save(tmp_path / "b.etrecord")
     assert not list(tmp_path.iterdir())
     with pytest.raises(ETRecordError, match="already set"):
-        edge._etrecord.copy().add_edge_dialect_program(edge)
+        edge_only.copy().add_edge_dialect_program(edge)
 
 
 # --- hostile and broken files ----------------------------------------------------------------------------------
@@ -568,9 +569,9 @@ def test_delegated_program_capture_and_round_trip():
     targets = [str(n.target) for n in rec.edge_dialect_program.graph.nodes]
     assert "aten.relu.default" in targets and not any("call_delegate" in t for t in targets)
     assert not any(DELEGATION_TAG in n.meta for n in rec.edge_dialect_program.graph.nodes)
-    (iid, entry), = rec._delegate_map["forward"].items()
+    (iid, entry), = rec.delegate_map["forward"].items()
     assert entry["name"] == "EtrecordTestBackend" and set(entry["delegate_map"]) == {0, "fused"}
-    assert isinstance(rec._debug_handle_map["forward"][iid], list) and rec._instruction_id_to_num_outs_map["forward"]
+    assert isinstance(rec.debug_handle_map["forward"][iid], list) and rec.delegate_outputs["forward"][iid]
     back = parse_etrecord(rec.to_bytes())
     assert _maps(back) == _maps(rec)
     assert _graph_sig(back.edge_dialect_program) == _graph_sig(rec.edge_dialect_program)

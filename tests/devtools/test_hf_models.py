@@ -200,7 +200,8 @@ def test_t5_relative_bucket_delegate_output_is_paired_with_its_own_op(tmp_path):
     run = _run("t5", str(tmp_path), ort=True)
     rec = parse_etrecord(run.rec_path)
     calls = rec.delegate_outputs["forward"]
-    assert calls and all(len(v) == rec.instruction_id_to_num_outs_map["forward"][i] for i, v in calls.items())
+    groups = {g.instruction_id: g for g in rec.handle_groups["forward"] if g.kind == "delegate_call"}
+    assert calls and all(len(v) == len(groups[i].outputs) and v for i, v in calls.items())
     df = run.inspector.calculate_numeric_gap("MSE")
     eager = _eager_values(run.aten, run.inputs)
     delegate_rows = [r for _, r in df.iterrows() if r["runtime_ops"] == ["DELEGATE_CALL"]]

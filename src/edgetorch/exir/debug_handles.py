@@ -1,4 +1,5 @@
-"""Debug handles: one int per source op, kept in ``node.meta["custom"]["debug_handle"]``.
+"""Debug handles: one int per source op, kept in ``node.meta["custom"]["debug_handle"]``; the model of what a
+runtime event covers (``HandleGroup``) is ``edgetorch.formats.handles``.
 
 The key lives under ``meta["custom"]`` because torch.export copies that dict onto every node produced while
 retracing, so all edge nodes decomposed from one ATen op share the handle, and it survives
@@ -14,17 +15,16 @@ import re
 import torch
 from torch.export import ExportedProgram
 
+from edgetorch.formats.handles import parse_handle
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)\n(?P<code>[^\n]*)')
 
 
 def get_debug_handle(node: torch.fx.Node) -> int | None:
+    """The node's handle; None when it has none (``parse_handle``: never 0, never a bool)."""
     custom = node.meta.get("custom")
-    if isinstance(custom, dict):
-        h = custom.get("debug_handle")
-        if isinstance(h, int):
-            return h
-    return None
+    return parse_handle(custom.get("debug_handle")) if isinstance(custom, dict) else None
 
 
 def set_debug_handle(node: torch.fx.Node, handle: int) -> None:
@@ -85,3 +85,15 @@ def source_location(stack_trace: str | None) -> str:
     user = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
     file, line, fn, code = (user or frames)[-1]
     return f"{file}:{line} in {fn}: {code}"
+
+
+def nodes_by_handle(graph: torch.fx.Graph) -> dict[int, list[torch.fx.Node]]:
+    """{debug handle: its op nodes in graph order} (``operator.getitem`` skipped): the one walk from handles to
+    the nodes of a graph, in first-appearance order of the handles."""
+    out: dict[int, list[torch.fx.Node]] = {}
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is not operator.getitem:
+            h = get_debug_handle(n)
+            if h is not None:
+                out.setdefault(h, []).append(n)
+    return out

@@ -22,9 +22,11 @@ KV cache); otherwise a ``copy`` instruction at the end of the method stores the 
 from __future__ import annotations
 
 import hashlib
+import math
 import operator
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -32,6 +34,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from edgetorch.errors import ExportError
+from edgetorch.exir.backend.lowered import LoweredBackendModule
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.exir.memory_planning import Buffer, MemoryPlan, plan_memory, verify_memory_plan
 from edgetorch.exir.op_variants import is_view_op, out_variant
@@ -39,7 +42,9 @@ from edgetorch.exir.symbolic import SymbolTable, is_dynamic_tensor, sym_tensor_d
 from edgetorch.exir.verifier import _IGNORED_TARGETS
 from edgetorch.formats import program as pf
 from edgetorch.formats import symexpr
+from edgetorch.formats.alignment import ALIGNMENT, debug_bytes
 from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, code_dtype, dtype_code, storage_nbytes
+from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup, OutputSource
 
 
 class ConstantPool:
@@ -89,11 +94,12 @@ class DelegatePool:
 
 @dataclass
 class EmittedMethod:
+    """One method's plan, its memory plan and what each instruction covers (``HandleGroup``, in instruction
+    order; an instruction without a handle has none)."""
+
     plan: pf.PlanDef
     memory_plan: MemoryPlan
-    debug_handle_map: dict[int, int | list[int]]
-    delegate_map: dict[int, dict]
-    instruction_id_to_num_outs: dict[int, int]
+    handle_groups: list[HandleGroup]
 
 
 def _tensor_def(v: torch.Tensor, placement: int, constant_index: int = -1,
@@ -133,9 +139,7 @@ class _MethodEmitter:
         self.last_use: dict[int, int] = {}
         self.planned: list[int] = []
         self.inputs: list[int] = []
-        self.debug_handle_map: dict[int, int | list[int]] = {}
-        self.delegate_map: dict[int, dict] = {}
-        self.num_outs: dict[int, int] = {}
+        self.handle_groups: list[HandleGroup] = []
         self._null: int | None = None
         self.symbols = symbol_table(ep, name)
         self.mutable_buffers: list[pf.MutableBufferDef] = []
@@ -329,10 +333,8 @@ class _MethodEmitter:
             out.append(vid)
         return out
 
-    def _debug_info(self, node: torch.fx.Node) -> tuple[int, str]:
-        h = get_debug_handle(node) or 0
-        src = source_location(node.meta.get("stack_trace")) if self.emit_stacktrace else ""
-        return h, src
+    def _source(self, node: torch.fx.Node) -> str:
+        return source_location(node.meta.get("stack_trace")) if self.emit_stacktrace else ""
 
     def emit_kernel(self, node: torch.fx.Node) -> None:
         op: torch._ops.OpOverload = node.target
@@ -365,17 +367,19 @@ class _MethodEmitter:
             outs = self._new_outputs(node, pf.PLACEMENT_PLANNED, at)
         for u in uses:
             self.use(u, at)
-        h, src = self._debug_info(node)
+        h = get_debug_handle(node)
         self.instructions.append(pf.InstructionDef(
-            pf.KernelCallDef(self.operator_index(target), kind, args, outs), node.name, h, src))
-        self.debug_handle_map[at] = h
+            pf.KernelCallDef(self.operator_index(target), kind, args, outs), node.name, h or 0, self._source(node)))
+        if h is not None:
+            self.handle_groups.append(HandleGroup(KERNEL, at, (h,)))
         val = node.meta.get("val")
         self.node_values[node] = outs if isinstance(val, (list, tuple)) else outs[0]
 
     def emit_delegate(self, node: torch.fx.Node) -> None:
-        from edgetorch.exir.backend.lowered import lookup
-
-        lowered = node.meta.get("lowered_module") or lookup(node.args[1])
+        lowered = node.meta.get("lowered_module")
+        if not isinstance(lowered, LoweredBackendModule):
+            raise ExportError(f"method '{self.name}': delegate call '{node.name}' lost its lowered module "
+                              "(node.meta['lowered_module'])")
         if self.delegate_pool is None:
             raise ExportError("delegate calls need a delegate pool")
         at = len(self.instructions)
@@ -386,13 +390,14 @@ class _MethodEmitter:
             self.use(u, at)
         blob = self.delegate_pool.add(lowered.processed_bytes)
         self.delegates.append(pf.BackendDelegateDef(lowered.backend_id, blob, lowered.compile_spec_items))
-        h, src = self._debug_info(node)
+        # the .pte carries no handle for a call: its handles are the group's, in the ETRecord
         self.instructions.append(pf.InstructionDef(
-            pf.DelegateCallDef(len(self.delegates) - 1, args, outs), node.name, h, src))
-        self.debug_handle_map[at] = lowered.debug_handles()
-        self.delegate_map[at] = {"name": lowered.backend_id,
-                                 "delegate_map": {k: list(v) for k, v in lowered.debug_handle_map.items()}}
-        self.num_outs[at] = len(outs)
+            pf.DelegateCallDef(len(self.delegates) - 1, args, outs), node.name, 0, self._source(node)))
+        name = lowered.backend_id
+        self.handle_groups.append(HandleGroup(DELEGATE_CALL, at, tuple(lowered.debug_handles()), None, name,
+                                              _output_sources(lowered)))
+        self.handle_groups += [HandleGroup(IN_DELEGATE, at, tuple(hs), did, name)
+                               for did, hs in lowered.debug_handle_map.items()]
         self.node_values[node] = outs
 
     def emit_buffer_update(self, node: torch.fx.Node, target: str) -> None:
@@ -407,7 +412,6 @@ class _MethodEmitter:
         op = torch.ops.aten.copy.out
         self.instructions.append(pf.InstructionDef(
             pf.KernelCallDef(self.operator_index(op), pf.CALL_OUT, args, [buf]), f"update_{target}", 0, ""))
-        self.debug_handle_map[at] = 0
 
     def emit_outputs(self, out_node: torch.fx.Node | None) -> tuple[list[int], list[str]]:
         """Buffer updates, then the user outputs (value ids and names)."""
@@ -522,17 +526,9 @@ class _MethodEmitter:
         mp = plan_memory(buffers, self.alignment)
         for v, off in mp.offsets.items():
             self.values[v].arena_offset = off
-        debug_bytes = 0
-        for ins in self.instructions:  # views are aliases of logged tensors: not stored again
-            if isinstance(ins.call, pf.KernelCallDef) and ins.call.kind == pf.CALL_VIEW:
-                continue
-            for o in ins.call.outputs:
-                t = self.values[o]
-                numel = 1
-                for s in t.sizes:
-                    numel *= s
-                itemsize = code_dtype(t.scalar_type).itemsize
-                debug_bytes += pf.align(numel * itemsize)
+        logged = [self.values[o] for ins in self.instructions  # views alias logged tensors: not stored again
+                  if not (isinstance(ins.call, pf.KernelCallDef) and ins.call.kind == pf.CALL_VIEW)
+                  for o in ins.call.outputs]
         sig = self.ep.graph_signature
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -543,10 +539,11 @@ class _MethodEmitter:
             input_spec=in_spec, output_spec=out_spec,
             input_names=[s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT],
             output_names=output_names, operators=self.operators, delegates=self.delegates,
-            instructions=self.instructions, arena_size=mp.arena_size, debug_buffer_bytes=debug_bytes,
+            instructions=self.instructions, arena_size=mp.arena_size,
+            debug_buffer_bytes=debug_bytes(math.prod(t.sizes) * code_dtype(t.scalar_type).itemsize for t in logged),
             symbols=list(self.symbols.symbols), mutable_buffers=self.mutable_buffers)
         verify_memory_plan(plan)
-        return EmittedMethod(plan, mp, self.debug_handle_map, self.delegate_map, self.num_outs)
+        return EmittedMethod(plan, mp, self.handle_groups)
 
 
 #: out kernels that may write their result over one of their inputs (elementwise, TensorIterator-based: the
@@ -570,6 +567,25 @@ def _same_layout(a, b) -> bool:
             and not is_dynamic_tensor(a) and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride())
 
 
+def _output_source(node: Any) -> OutputSource:
+    """(debug handle, output index) of the edge op behind one output of a lowered partition."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    index = 0
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and isinstance(node.args[1], int):
+        node, index = node.args[0], node.args[1]
+    h = get_debug_handle(node) if node.op == "call_function" else None
+    return None if h is None else (h, index)
+
+
+def _output_sources(lowered: LoweredBackendModule) -> tuple[OutputSource, ...]:
+    """Per output of a delegate call, the edge op computing it (the partition's outputs are the call's)."""
+    sub = lowered.original_module
+    res = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    res = list(res) if isinstance(res, (list, tuple)) else [res]
+    return tuple(_output_source(o) for o in res[:len(sub.graph_signature.output_specs)])
+
+
 def _is_delegate_call(node: torch.fx.Node) -> bool:
     t = node.target
     return isinstance(t, torch._ops.OpOverload) and t.namespace == "edgetorch" and t.__name__.startswith(
@@ -577,6 +593,6 @@ def _is_delegate_call(node: torch.fx.Node) -> bool:
 
 
 def emit_method(ep: ExportedProgram, name: str, constants: ConstantPool, delegates: DelegatePool | None = None,
-                alignment: int = 64, emit_stacktrace: bool = True) -> EmittedMethod:
+                alignment: int = ALIGNMENT, emit_stacktrace: bool = True) -> EmittedMethod:
     """Emits one method of a program; constants and delegate blobs go to the shared pools."""
     return _MethodEmitter(ep, name, constants, delegates, alignment, emit_stacktrace).emit()

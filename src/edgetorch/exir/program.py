@@ -1,5 +1,10 @@
 """Program managers: ``to_edge``, ``EdgeProgramManager``, ``ExecutorchProgramManager`` and
-``to_edge_transform_and_lower``, the calls a user types to go from ``torch.export`` to a .pte file."""
+``to_edge_transform_and_lower``, the calls a user types to go from ``torch.export`` to a .pte file.
+
+With ``generate_etrecord=True`` the managers keep their stage history (``StageHistory``: plain programs, by
+reference, as no stage mutates its input); the developer tools build the ETRecord from it
+(``get_etrecord()`` calls the builder ``edgetorch/__init__.py`` registers in ``edgetorch._hooks``): the compiler
+never imports them."""
 
 from __future__ import annotations
 
@@ -7,18 +12,21 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
+from edgetorch import _hooks
 from edgetorch._fileio import atomic_write
-from edgetorch.errors import EdgeTorchError, ExportError
+from edgetorch.errors import EdgeTorchError, ETRecordError, ExportError
 from edgetorch.exir.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgetorch.exir.debug_handles import assign_debug_handles, fill_missing_debug_handles
 from edgetorch.exir.emit import ConstantPool, DelegatePool, EmittedMethod, emit_method
 from edgetorch.exir.verifier import _IGNORED_TARGETS, verify_edge_program
 from edgetorch.formats import program as pf
+from edgetorch.formats.handles import HandleGroup, debug_handle_map_of, delegate_map_of
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +72,28 @@ def _to_edge_one(aten: ExportedProgram, name: str, config: EdgeCompileConfig) ->
     return edge
 
 
+@dataclass(frozen=True)
+class StageHistory:
+    """What the compiler saw, kept for the ETRecord: the ATen programs, the edge programs right after
+    ``to_edge``, extra graphs by ``"<stage>/<method>"`` (``edge_after_transform/forward``) and the float
+    programs of a quantized model (``to_edge(float_program=...)``)."""
+
+    aten: dict[str, ExportedProgram]
+    edge: dict[str, ExportedProgram]
+    graphs: dict[str, ExportedProgram] = field(default_factory=dict)
+    float_programs: dict[str, ExportedProgram] = field(default_factory=dict)
+
+
 class EdgeProgramManager:
-    """The edge programs of every method, ready for transforms, delegation and emission."""
+    """The edge programs of every method, ready for transforms, delegation and emission. ``stage_history`` is
+    kept when an ETRecord was asked for (``generate_etrecord=True``), else None."""
 
     def __init__(self, edge_programs: dict[str, ExportedProgram], aten_programs: dict[str, ExportedProgram] | None,
-                 compile_config: EdgeCompileConfig | None = None, etrecord: Any = None) -> None:
+                 compile_config: EdgeCompileConfig | None = None, stage_history: StageHistory | None = None) -> None:
         self._edge_programs = edge_programs
         self._aten_programs = aten_programs or {}
         self.compile_config = compile_config or EdgeCompileConfig()
-        self._etrecord = etrecord
+        self.stage_history = stage_history
 
     @property
     def methods(self) -> set[str]:
@@ -95,7 +116,14 @@ class EdgeProgramManager:
                 continue
             from edgetorch.exir.passes import apply_passes
             new[name] = apply_passes(ep, plist, name, self.compile_config)
-        return EdgeProgramManager(new, self._aten_programs, self.compile_config, self._etrecord)
+        return EdgeProgramManager(new, self._aten_programs, self.compile_config, self.stage_history)
+
+    def _recorded(self, stage: str) -> EdgeProgramManager:
+        """This manager, its programs recorded in the stage history as ``"<stage>/<method>"``."""
+        if self.stage_history is not None:
+            graphs = {**self.stage_history.graphs, **{f"{stage}/{m}": ep for m, ep in self._edge_programs.items()}}
+            self.stage_history = replace(self.stage_history, graphs=graphs)
+        return self
 
     def to_backend(self, partitioner: Any) -> EdgeProgramManager:
         """Replaces the partitions chosen by ``partitioner`` (or a {method: partitioner} dict) with delegate calls."""
@@ -104,7 +132,7 @@ class EdgeProgramManager:
         for name, ep in self._edge_programs.items():
             p = partitioner.get(name) if isinstance(partitioner, dict) else partitioner
             new[name] = to_backend_program(ep, p, name) if p is not None else ep
-        return EdgeProgramManager(new, self._aten_programs, self.compile_config, self._etrecord)
+        return EdgeProgramManager(new, self._aten_programs, self.compile_config, self.stage_history)
 
     def to_executorch(self, config: ExecutorchBackendConfig | None = None) -> ExecutorchProgramManager:
         return ExecutorchProgramManager(self, config or ExecutorchBackendConfig())
@@ -125,17 +153,25 @@ def to_edge(programs: ProgramsArg, constant_methods: dict | None = None,
         raise ExportError("constant_methods are not supported yet")
     config = compile_config or EdgeCompileConfig()
     edge = {name: _to_edge_one(ep, name, config) for name, ep in aten.items()}
-    epm = EdgeProgramManager(edge, aten, config)
-    if generate_etrecord:
-        epm._etrecord = _new_etrecord(aten, epm)
-        if float_program is not None:
-            epm._etrecord.add_float_reference(float_program)
-    return epm
+    floats = {} if float_program is None else _float_programs(float_program)
+    history = StageHistory(dict(aten), dict(edge), {}, floats) if generate_etrecord else None
+    return EdgeProgramManager(edge, aten, config, history)
 
 
-def _new_etrecord(aten: dict[str, ExportedProgram], epm: EdgeProgramManager) -> Any:
-    from edgetorch.devtools.etrecord import ETRecord  # the one upstream hook: ETRecord capture
-    return ETRecord._capture_edge(aten, epm)
+#: the meta["custom"] key of the PT2E numeric debug handles a float program must carry (torchao's name)
+_NUMERIC_DEBUG_HANDLE = "numeric_debug_handle"
+
+
+def _float_programs(float_program: ProgramsArg) -> dict[str, ExportedProgram]:
+    """The float programs by method; refuses one whose ops carry no PT2E numeric debug handle (the ETRecord
+    could not link it to the quantized program)."""
+    floats = _as_dict(float_program)
+    for m, ep in floats.items():
+        if not any(isinstance(n.meta.get("custom"), dict) and _NUMERIC_DEBUG_HANDLE in n.meta["custom"]
+                   for n in ep.graph.nodes if n.op == "call_function"):
+            raise ETRecordError(f"float_program {m!r}: no node carries a numeric debug handle; capture it with "
+                                "edgetorch.export.quantizer.capture_float_program before prepare_pt2e")
+    return floats
 
 
 def to_edge_transform_and_lower(programs: ProgramsArg, transform_passes: Sequence[Callable] | None = None,
@@ -157,16 +193,14 @@ def to_edge_transform_and_lower(programs: ProgramsArg, transform_passes: Sequenc
                                    config._skip_dim_order, config._core_aten_ops_exception_list)
     epm = to_edge(programs, constant_methods, config, generate_etrecord, float_program)
     if transform_passes:
-        epm = epm.transform(transform_passes)
-        if epm._etrecord is not None:
-            epm._etrecord._add_graph("edge_after_transform", epm)
+        epm = epm.transform(transform_passes)._recorded("edge_after_transform")
     for p in partitioner or []:
         epm = epm.to_backend(p)
     return epm
 
 
 class ExecutorchProgramManager:
-    """An emitted program: the .pte bytes plus the side tables that link instructions to debug handles."""
+    """An emitted program: the .pte bytes plus what each instruction covers (``handle_groups``)."""
 
     def __init__(self, edge: EdgeProgramManager, config: ExecutorchBackendConfig) -> None:
         t0 = time.perf_counter()
@@ -184,9 +218,7 @@ class ExecutorchProgramManager:
         self._parts = pf.build_file_parts(self._program, list(layout.chunks()))
         self._buffer: bytes | None = None
         self.content_hash: str = self._parts[0][pf.HEADER.size - 32:pf.HEADER.size].hex()
-        self._etrecord = None
-        if edge._etrecord is not None:
-            self._etrecord = edge._etrecord._capture_executorch(self)
+        self._etrecord: Any = None  # built on the first get_etrecord()
         log.info("to_executorch: %d methods, %d bytes in %.2fs", len(self._emitted), self.size,
                  time.perf_counter() - t0)
 
@@ -221,16 +253,24 @@ class ExecutorchProgramManager:
         return self._program
 
     @property
+    def stage_history(self) -> StageHistory | None:
+        """The edge manager's stage history (None without ``generate_etrecord=True``)."""
+        return self._edge.stage_history
+
+    @property
+    def handle_groups(self) -> dict[str, list[HandleGroup]]:
+        """Per method, what each instruction (and each op inside a delegate call) covers, instruction order."""
+        return {m: list(e.handle_groups) for m, e in self._emitted.items()}
+
+    @property
     def debug_handle_map(self) -> dict[str, dict[int, int | list[int]]]:
-        return {m: dict(e.debug_handle_map) for m, e in self._emitted.items()}
+        """Per method: instruction -> its kernel's handle, or the handles a delegate call covers."""
+        return {m: debug_handle_map_of(e.handle_groups) for m, e in self._emitted.items()}
 
     @property
     def delegate_map(self) -> dict[str, dict[int, dict]]:
-        return {m: dict(e.delegate_map) for m, e in self._emitted.items()}
-
-    @property
-    def instruction_id_to_num_outs_map(self) -> dict[str, dict[int, int]]:
-        return {m: dict(e.instruction_id_to_num_outs) for m, e in self._emitted.items()}
+        """Per method: delegate call -> {name: backend, delegate_map: {backend debug id: [handles]}}."""
+        return {m: delegate_map_of(e.handle_groups) for m, e in self._emitted.items()}
 
     def memory_plan_report(self) -> dict[str, dict[str, int | str]]:
         """Per method: planned arena bytes, the live-bytes lower bound, the algorithm, debug-buffer bytes."""
@@ -240,7 +280,12 @@ class ExecutorchProgramManager:
                 for m, e in self._emitted.items()}
 
     def get_etrecord(self) -> Any:
-        if self._etrecord is None:
+        """The ETRecord of this program (``generate_etrecord=True``); built once, from the stage history."""
+        if self._edge.stage_history is None:
             raise EdgeTorchError("ETRecord was not generated: pass generate_etrecord=True to to_edge / "
                                  "to_edge_transform_and_lower (or use devtools.etrecord.generate_etrecord)")
+        if self._etrecord is None:
+            if _hooks.etrecord_builder is None:  # set by edgetorch/__init__.py, which every import runs
+                raise EdgeTorchError("no ETRecord builder is registered (edgetorch._hooks.etrecord_builder)")
+            self._etrecord = _hooks.etrecord_builder(self)
         return self._etrecord

@@ -460,7 +460,7 @@ class ExportSession:
         if not self._run_context["generate_etrecord"] or StageType.TO_EXECUTORCH not in self._stage_to_artifacts:
             return
         et = self.get_executorch_program_manager()
-        record = getattr(et, "_etrecord", None)
+        record = et.get_etrecord()
         inputs = {m: [s[0]] for m, s in self._example_inputs.items() if s and m in et.methods}
         if record is not None and inputs:
             record.update_representative_inputs(inputs)

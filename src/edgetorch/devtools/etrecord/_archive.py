@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 from torch.export import ExportedProgram
 
-import edgetorch
+from edgetorch._version import __version__
 from edgetorch.devtools.etrecord._program_serde import ProgramDataError, deserialize_program, serialize_program
 from edgetorch.devtools.etrecord._reference import (
     GraphDataError,
@@ -40,6 +40,7 @@ from edgetorch.devtools.etrecord._tensors import (
     encode_tree,
 )
 from edgetorch.errors import ETRecordError, ETRecordFormatError
+from edgetorch.formats.handles import HandleGroup, groups_from_tables
 
 if TYPE_CHECKING:
     from edgetorch.devtools.etrecord._etrecord import ETRecord
@@ -53,10 +54,12 @@ PROGRAM_DIR = "programs/{}/"
 PROGRAM_GRAPH = "exported_program.json"
 PROGRAM_INDEX = "tensors.json"
 TENSORS = "tensors.bin"
+#: the handle groups ({"format": HANDLE_GROUPS_FORMAT, "version": 1, "methods": {method: [group row]}}); records
+#: written before held the old debug handle map here, with delegate_map.json and delegate_outputs.json beside it
 DEBUG_HANDLE_MAP = "debug_handle_map.json"
-DELEGATE_MAP = "delegate_map.json"
-NUM_OUTS_MAP = "instruction_id_to_num_outs_map.json"
-DELEGATE_OUTPUTS = "delegate_outputs.json"
+HANDLE_GROUPS_FORMAT = "edgetorch.handle_groups"
+DELEGATE_MAP = "delegate_map.json"  # old records only
+DELEGATE_OUTPUTS = "delegate_outputs.json"  # old records only
 INPUTS = "representative_inputs.json"
 OUTPUTS = "reference_outputs.json"
 REFERENCE_INDEX = "reference/index.json"
@@ -102,7 +105,7 @@ def _per_method(m: Any, what: str) -> dict[str, Any]:
     if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
         raise ValueError(f"{what} must map method names to per-instruction maps")
     for k, v in m.items():
-        if not isinstance(v, dict):
+        if not isinstance(v, (dict, list) if what == "methods" else dict):
             raise ValueError(f"{what}[{k!r}] must be a map keyed by instruction id")
     return m
 
@@ -110,15 +113,6 @@ def _per_method(m: Any, what: str) -> dict[str, Any]:
 def norm_debug_handle_map(m: Any) -> dict[str, dict[int, int | list[int]]]:
     return {meth: {_int_key(i): _handles(v) for i, v in d.items()}
             for meth, d in _per_method(m, "debug_handle_map").items()}
-
-
-def norm_num_outs_map(m: Any) -> dict[str, dict[int, int]]:
-    def n(v: Any) -> int:
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-            return v
-        raise ValueError(f"number of outputs {v!r} is not a non-negative integer")
-    return {meth: {_int_key(i): n(v) for i, v in d.items()}
-            for meth, d in _per_method(m, "instruction_id_to_num_outs_map").items()}
 
 
 def _delegate_id(k: Any) -> int | str:
@@ -169,6 +163,38 @@ def norm_delegate_outputs(m: Any) -> dict[str, dict[int, list[list[int] | None]]
 def norm_delegate_map(m: Any, pairs: bool = False) -> dict[str, dict[int, dict[str, Any]]]:
     return {meth: {_int_key(i): norm_delegate_entry(e, pairs) for i, e in d.items()}
             for meth, d in _per_method(m, "delegate_map").items()}
+
+
+def groups_from_legacy(debug_handle_map: Any, delegate_map: Any = None, delegate_outputs: Any = None,
+                       pairs: bool = False) -> dict[str, list[HandleGroup]] | None:
+    """The handle groups of the old three tables (in memory, or as the files of earlier records with
+    ``pairs``); None without a debug handle map. Raises ``ValueError`` for a malformed table."""
+    if debug_handle_map is None:
+        return None
+    hmap = norm_debug_handle_map(debug_handle_map)
+    dmap = {} if delegate_map is None else norm_delegate_map(delegate_map, pairs)
+    outs = {} if delegate_outputs is None else norm_delegate_outputs(delegate_outputs)
+    return {m: groups_from_tables(d, dmap.get(m), outs.get(m)) for m, d in hmap.items()}
+
+
+def encode_groups(groups: dict[str, list[HandleGroup]]) -> dict[str, Any]:
+    return {"format": HANDLE_GROUPS_FORMAT, "version": 1,
+            "methods": {m: [g.to_json() for g in gs] for m, gs in groups.items()}}
+
+
+def decode_groups(doc: Any) -> dict[str, list[HandleGroup]]:
+    """The handle groups of a ``DEBUG_HANDLE_MAP`` entry in the current form; ``ValueError`` if malformed."""
+    if set(doc) != {"format", "version", "methods"} or doc["version"] != 1:
+        raise ValueError(f"must be {{format: {HANDLE_GROUPS_FORMAT!r}, version: 1, methods}}")
+    methods = _per_method(doc["methods"], "methods") if isinstance(doc["methods"], dict) else None
+    if methods is None:
+        raise ValueError("methods must map method names to lists of handle groups")
+    out: dict[str, list[HandleGroup]] = {}
+    for m, rows in methods.items():
+        if not isinstance(rows, list):
+            raise ValueError(f"methods[{m!r}] must be a list of handle groups")
+        out[m] = [HandleGroup.from_json(r) for r in rows]
+    return out
 
 
 # --- write ---------------------------------------------------------------------------------------------------
@@ -239,18 +265,7 @@ def build_entries(rec: ETRecord) -> list[Entry]:
         d = PROGRAM_DIR.format(i)
         entries += [(d + PROGRAM_GRAPH, graph), (d + PROGRAM_INDEX, index)]
     entries += _views(rec, blobs)
-    entries.append((DEBUG_HANDLE_MAP, _json_bytes(
-        {m: {str(i): v for i, v in d.items()} for m, d in (rec._debug_handle_map or {}).items()})))
-    if rec._delegate_map is not None:
-        entries.append((DELEGATE_MAP, _json_bytes(
-            {m: {str(i): {"name": e["name"], "delegate_map": [[k, list(v)] for k, v in e["delegate_map"].items()]}
-                 for i, e in d.items()} for m, d in rec._delegate_map.items()})))
-    if rec._delegate_outputs is not None:
-        entries.append((DELEGATE_OUTPUTS, _json_bytes(
-            {m: {str(i): v for i, v in d.items()} for m, d in rec._delegate_outputs.items()})))
-    if rec._instruction_id_to_num_outs_map is not None:
-        entries.append((NUM_OUTS_MAP, _json_bytes(
-            {m: {str(i): v for i, v in d.items()} for m, d in rec._instruction_id_to_num_outs_map.items()})))
+    entries.append((DEBUG_HANDLE_MAP, _json_bytes(encode_groups(rec.handle_groups or {}))))
     for data, name, what in ((rec._representative_inputs, INPUTS, "representative inputs"),
                              (rec._reference_outputs, OUTPUTS, "reference outputs")):
         if data is not None:
@@ -260,7 +275,7 @@ def build_entries(rec: ETRecord) -> list[Entry]:
                 raise ETRecordError(f"cannot save the ETRecord: {e}") from e
     head: list[Entry] = [
         (MARKER, _json_bytes({"format": FORMAT_NAME, "version": FORMAT_VERSION,
-                              "producer": f"edgetorch {edgetorch.__version__}", "torch_version": torch.__version__,
+                              "producer": f"edgetorch {__version__}", "torch_version": torch.__version__,
                               "byteorder": "little", "checksums": MANIFEST})),
         (RECORD, _json_bytes({"program_hash": rec.program_hash, "memory_plan": rec.memory_plan,
                               "tensor_bytes": blobs.nbytes})),
@@ -494,6 +509,28 @@ class _CheckedTensorReader(TensorReader):
         return super().read(*args, **kwargs)
 
 
+def _read_groups(r: _Reader) -> dict[str, list[HandleGroup]]:
+    """The handle groups: the current entry, or the old tables of an earlier record (read by the same parser
+    as in-memory tables); ``ETRecordFormatError`` naming the entry at fault."""
+    doc = r.json(DEBUG_HANDLE_MAP)  # required
+    name = DEBUG_HANDLE_MAP
+    try:
+        if isinstance(doc, dict) and doc.get("format") == HANDLE_GROUPS_FORMAT:
+            return decode_groups(doc)
+        norm_debug_handle_map(doc)
+        tables: dict[str, Any] = {}
+        for name, key, check in ((DELEGATE_MAP, "delegate_map", lambda t: norm_delegate_map(t, pairs=True)),
+                                 (DELEGATE_OUTPUTS, "delegate_outputs", norm_delegate_outputs)):
+            if r.has(name):
+                tables[key] = r.json(name)
+                check(tables[key])
+        return groups_from_legacy(doc, pairs=True, **tables) or {}
+    except ValueError as e:
+        if isinstance(e, ETRecordFormatError):
+            raise
+        raise r.error(name, str(e)) from None
+
+
 def _program_indices(r: _Reader) -> tuple[int, dict[str, dict[str, int]]]:
     doc = r.json(PROGRAMS)
     if not isinstance(doc, dict) or set(doc) != {"count", "aten", "edge", "graph_map"}:
@@ -682,22 +719,7 @@ def read_archive(source: str | IO[bytes] | bytes, path: str | None) -> tuple[dic
     except TensorDataError as e:
         raise r.error(TENSORS, str(e)) from None
     _, roles = _program_indices(r)
-    fields: dict[str, Any] = {"program_hash": ph, "memory_plan": mp}
-    for name, key, norm in ((DEBUG_HANDLE_MAP, "_debug_handle_map", norm_debug_handle_map),
-                            (DELEGATE_MAP, "_delegate_map", lambda m: norm_delegate_map(m, pairs=True)),
-                            (NUM_OUTS_MAP, "_instruction_id_to_num_outs_map", norm_num_outs_map),
-                            (DELEGATE_OUTPUTS, "delegate_outputs", norm_delegate_outputs)):
-        if not r.has(name):
-            if name == DEBUG_HANDLE_MAP:
-                r.bytes(name)  # raises: required
-            fields[key] = None
-            continue
-        try:
-            fields[key] = norm(r.json(name))
-        except ValueError as e:
-            if isinstance(e, ETRecordFormatError):
-                raise
-            raise r.error(name, str(e)) from None
+    fields: dict[str, Any] = {"program_hash": ph, "memory_plan": mp, "handle_groups": _read_groups(r)}
     fields["_representative_inputs"] = _read_samples(r, INPUTS, reader)
     fields["_reference_outputs"] = _read_samples(r, OUTPUTS, reader)
     source_ = ArchiveSource(r, reader, roles, _view_index(r, REFERENCE_INDEX, REFERENCE_GRAPH),

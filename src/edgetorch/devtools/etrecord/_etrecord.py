@@ -1,9 +1,8 @@
-"""``ETRecord``: the ahead-of-time debug record (programs, debug-handle maps, representative data)."""
+"""``ETRecord``: the ahead-of-time debug record (programs, handle groups, representative data)."""
 
 from __future__ import annotations
 
 import logging
-import operator
 import os
 from typing import IO, Any
 
@@ -16,6 +15,13 @@ from edgetorch.devtools.etrecord import _archive as ar
 from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_program, reference_from_program
 from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
 from edgetorch.errors import ETRecordError, MethodNotFoundError
+from edgetorch.formats.handles import (
+    DELEGATE_CALL,
+    IN_DELEGATE,
+    HandleGroup,
+    debug_handle_map_of,
+    delegate_map_of,
+)
 
 log = logging.getLogger(__name__)
 _FROM_FILE = object()  # cache key of a view loaded from the file's compact entry
@@ -59,43 +65,6 @@ def _suites(bundled: Any) -> list[Any]:
     return list(suites)
 
 
-def _output_source(node: Any) -> list[int] | None:
-    """[debug handle, output index] of one output node of a delegated partition."""
-    from edgetorch.exir.debug_handles import get_debug_handle
-
-    if not isinstance(node, torch.fx.Node):
-        return None
-    index = 0
-    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and isinstance(node.args[1], int):
-        node, index = node.args[0], node.args[1]
-    h = get_debug_handle(node) if node.op == "call_function" else None
-    return None if h is None else [h, index]
-
-
-def _delegate_outputs(et_manager: Any, delegate_map: dict[str, dict[int, dict]] | None
-                      ) -> dict[str, dict[int, list[list[int] | None]]] | None:
-    """Per delegate call, the edge op behind each of its outputs, read from the lowered partition the call
-    runs (its outputs are the call's outputs, in order). None when ``et_manager`` does not expose them."""
-    try:
-        program = et_manager.program
-        out: dict[str, dict[int, list[list[int] | None]]] = {}
-        for m, calls in (delegate_map or {}).items():
-            nodes = {n.name: n for n in et_manager.exported_program(m).graph.nodes}
-            instructions = program.plan(m).instructions
-            for iid in calls:
-                node = nodes.get(instructions[iid].node_name)
-                lowered = node.meta.get("lowered_module") if node is not None else None
-                if lowered is None:
-                    continue
-                sub = lowered.original_module
-                res = next(n for n in sub.graph.nodes if n.op == "output").args[0]
-                res = list(res) if isinstance(res, (list, tuple)) else [res]
-                out.setdefault(m, {})[iid] = [_output_source(o) for o in res[:len(sub.graph_signature.output_specs)]]
-        return out
-    except (AttributeError, KeyError, IndexError, TypeError, StopIteration):
-        return None
-
-
 class ETRecord:
     """The debug record of one compiled program, produced ahead of time and read by the Inspector.
 
@@ -106,6 +75,10 @@ class ETRecord:
     A parsed record is lazy: each group of programs (``exported_programs``, ``edge_programs`` /
     ``edge_dialect_program``, ``graph_map``) is deserialized on first access. ``reference_graph(method)`` and
     ``handle_table(method)`` load from compact entries in milliseconds, without deserializing any program.
+
+    ``handle_groups`` (``exir.debug_handles.HandleGroup`` per instruction and per op inside a delegate) is the
+    one table linking runtime events to debug handles; ``debug_handle_map``, ``delegate_map`` and
+    ``delegate_outputs`` are views of it in the reference's shapes.
     """
 
     _ROLES = {"aten": "_aten_programs", "edge": "_edge_program_dict", "graph_map": "_graph_map_programs"}
@@ -115,12 +88,12 @@ class ETRecord:
                  graph_map: dict[str, ExportedProgram] | None = None,
                  _debug_handle_map: dict[str, dict[int, int | list[int]]] | None = None,
                  _delegate_map: dict[str, dict[int, dict]] | None = None,
-                 _instruction_id_to_num_outs_map: dict[str, dict[int, int]] | None = None,
                  _reference_outputs: dict[str, list[Any]] | None = None,
                  _representative_inputs: dict[str, list[tuple]] | None = None,
                  *, exported_programs: dict[str, ExportedProgram] | None = None, program_hash: str | None = None,
                  memory_plan: dict[str, dict[str, Any]] | None = None,
-                 delegate_outputs: dict[str, dict[int, list[list[int] | None]]] | None = None) -> None:
+                 delegate_outputs: dict[str, dict[int, list[list[int] | None]]] | None = None,
+                 handle_groups: dict[str, list[HandleGroup]] | None = None) -> None:
         # program dicts; None while a parsed record has not loaded them yet (``_lazy`` then loads them)
         self._lazy: ar.ArchiveSource | None = None
         self._aten_programs: dict[str, ExportedProgram] | None = dict(exported_programs or {})
@@ -133,15 +106,15 @@ class ETRecord:
         self._reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
         self._edge_reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
         self._handle_cache: dict[str, tuple[Any, dict[int, list[NodeInfo]]]] = {}
-        self._debug_handle_map = None if _debug_handle_map is None else ar.norm_debug_handle_map(_debug_handle_map)
-        self._delegate_map = None if _delegate_map is None else ar.norm_delegate_map(_delegate_map)
-        self._instruction_id_to_num_outs_map = (None if _instruction_id_to_num_outs_map is None
-                                                else ar.norm_num_outs_map(_instruction_id_to_num_outs_map))
+        #: {method: [HandleGroup]}; None until the executorch stage is recorded. The old tables (debug handle
+        #: map, delegate map, delegate outputs) are read into it by the same parser as old files.
+        self._handle_groups: dict[str, list[HandleGroup]] | None = (
+            {m: list(gs) for m, gs in handle_groups.items()} if handle_groups is not None
+            else ar.groups_from_legacy(_debug_handle_map, _delegate_map, delegate_outputs))
         self._reference_outputs: dict[str, list[Any]] | None = _reference_outputs
         self._representative_inputs: dict[str, list[tuple]] | None = _representative_inputs
         self.program_hash: str | None = program_hash
         self.memory_plan: dict[str, dict[str, Any]] | None = memory_plan
-        self._delegate_outputs = None if delegate_outputs is None else ar.norm_delegate_outputs(delegate_outputs)
 
     # -- programs ---------------------------------------------------------------------------------------------
     def _programs(self, role: str) -> dict[str, ExportedProgram]:
@@ -306,25 +279,32 @@ class ETRecord:
             self._handle_cache[method] = hit
         return {h: list(infos) for h, infos in hit[1].items()}
 
-    # -- read-only views of the executorch-stage tables -----------------------------------------------------------
+    # -- the handle groups and read-only views of them -------------------------------------------------------------
+    @property
+    def handle_groups(self) -> dict[str, list[HandleGroup]] | None:
+        """{method: [HandleGroup]}: what each instruction (and op inside a delegate) covers; None before the
+        executorch stage is recorded."""
+        return self._handle_groups
+
+    def _view(self, of: Any) -> dict[str, Any] | None:
+        return None if self._handle_groups is None else {m: of(gs) for m, gs in self._handle_groups.items()}
+
     @property
     def debug_handle_map(self) -> dict[str, dict[int, int | list[int]]] | None:
-        return self._debug_handle_map
+        """{method: {instruction: kernel handle | delegate call's handle list}} (a view of ``handle_groups``)."""
+        return self._view(debug_handle_map_of)
 
     @property
     def delegate_map(self) -> dict[str, dict[int, dict]] | None:
-        return self._delegate_map
-
-    @property
-    def instruction_id_to_num_outs_map(self) -> dict[str, dict[int, int]] | None:
-        return self._instruction_id_to_num_outs_map
+        """{method: {delegate call: {name, delegate_map: {backend debug id: [handles]}}}} (a view)."""
+        return self._view(delegate_map_of)
 
     @property
     def delegate_outputs(self) -> dict[str, dict[int, list[list[int] | None]]] | None:
-        """``{method: {instruction id of a delegate call: [[debug handle, output index] | None, ...]}}``: per
-        output of the call, the edge op that computes it (and which of that op's outputs it is); None for
-        records written before this table existed."""
-        return self._delegate_outputs
+        """``{method: {delegate call: [[debug handle, output index] | None, ...]}}``: per output of the call, the
+        edge op computing it (a view of the groups; calls of records written before it was kept are absent)."""
+        return self._view(lambda gs: {g.instruction_id: [None if o is None else list(o) for o in g.outputs]
+                                      for g in gs if g.kind == DELEGATE_CALL and g.outputs is not None})
 
     @property
     def representative_inputs(self) -> dict[str, list[tuple]] | None:
@@ -334,31 +314,28 @@ class ETRecord:
     def reference_outputs(self) -> dict[str, list[Any]] | None:
         return self._reference_outputs
 
-    # -- hooks called by edgetorch.exir.program ------------------------------------------------------------------
+    # -- built from the compiler's managers ----------------------------------------------------------------------
     @classmethod
-    def _capture_edge(cls, aten_programs: dict[str, ExportedProgram], edge_manager: Any) -> ETRecord:
-        """Called by ``to_edge(generate_etrecord=True)``; keeps references, the compiler does not mutate them."""
-        return cls(exported_programs=dict(aten_programs), edge_dialect_program=_edge_dict(edge_manager, "to_edge"))
-
-    def _add_graph(self, name: str, edge_manager: Any) -> None:
-        """Records every method of ``edge_manager`` under ``graph_map["<name>/<method>"]``."""
-        for m, ep in _edge_dict(edge_manager, name).items():
-            self.graph_map[f"{name}/{m}"] = ep
-
-    def _capture_executorch(self, et_manager: Any) -> ETRecord:
-        """Called by ``ExecutorchProgramManager``: a new record with the emitter's side tables filled in."""
-        new = self.copy()
-        new._set_executorch_tables(et_manager)
-        return new
+    def from_manager(cls, et_manager: Any) -> ETRecord:
+        """The record of an ``ExecutorchProgramManager`` built with ``generate_etrecord=True``, from the stage
+        history it kept (ATen and edge programs, extra graphs, float programs) and its handle groups. This is what
+        ``ExecutorchProgramManager.get_etrecord()`` returns (through ``edgetorch._hooks``)."""
+        h = getattr(et_manager, "stage_history", None)
+        if h is None:
+            raise ETRecordError("the program kept no stage history: pass generate_etrecord=True to to_edge / "
+                                "to_edge_transform_and_lower")
+        rec = cls(exported_programs=dict(h.aten), edge_dialect_program=dict(h.edge), graph_map=dict(h.graphs))
+        if h.float_programs:
+            rec.add_float_reference(h.float_programs)
+        rec._set_executorch_tables(et_manager)
+        return rec
 
     def _set_executorch_tables(self, et_manager: Any) -> None:
-        try:
-            self._debug_handle_map = ar.norm_debug_handle_map(et_manager.debug_handle_map)
-            self._delegate_map = ar.norm_delegate_map(et_manager.delegate_map)
-            self._instruction_id_to_num_outs_map = ar.norm_num_outs_map(et_manager.instruction_id_to_num_outs_map)
-        except ValueError as e:
-            raise ETRecordError(f"bad side table from the emitter: {e}") from e
-        self._delegate_outputs = _delegate_outputs(et_manager, self._delegate_map)
+        groups = getattr(et_manager, "handle_groups", None)
+        if not isinstance(groups, dict) or not all(isinstance(g, HandleGroup) for gs in groups.values() for g in gs):
+            raise ETRecordError(f"{type(et_manager).__name__} gives no handle groups: pass the "
+                                "ExecutorchProgramManager returned by to_executorch()")
+        self._handle_groups = {m: list(gs) for m, gs in groups.items()}
         self.program_hash = getattr(et_manager, "content_hash", None)
         report = getattr(et_manager, "memory_plan_report", None)
         self.memory_plan = report() if callable(report) else None
@@ -379,7 +356,7 @@ class ETRecord:
     def add_executorch_program(self, executorch_program: Any) -> None:
         """Fills the side tables from an ExecutorchProgramManager, or from a BundledProgram-like object (which
         also gives reference outputs and representative inputs)."""
-        if self._debug_handle_map is not None or self.program_hash is not None:
+        if self._handle_groups is not None or self.program_hash is not None:
             raise ETRecordError("the executorch program is already set")
         bundled = None
         if hasattr(executorch_program, "method_test_suites") and hasattr(executorch_program, "executorch_program"):
@@ -455,8 +432,7 @@ class ETRecord:
         for k in (*self._ROLES.values(), "_reference_cache", "_edge_reference_cache", "_handle_cache"):
             v = self.__dict__[k]
             new.__dict__[k] = None if v is None else dict(v)
-        for k in ("_debug_handle_map", "_delegate_map", "_instruction_id_to_num_outs_map", "_reference_outputs",
-                  "_representative_inputs", "memory_plan", "_delegate_outputs"):
+        for k in ("_handle_groups", "_reference_outputs", "_representative_inputs", "memory_plan"):
             v = getattr(self, k)
             setattr(new, k, None if v is None else {m: (dict(d) if isinstance(d, dict) else list(d))
                                                     for m, d in v.items()})
@@ -479,14 +455,14 @@ class ETRecord:
 
     def _check_complete(self) -> None:
         missing = [what for what, ok in (("the edge dialect program", bool(self._program_names("edge"))),
-                                         ("the debug-handle map", self._debug_handle_map is not None)) if not ok]
+                                         ("the handle groups", self._handle_groups is not None)) if not ok]
         if missing:
             raise ETRecordError(f"cannot save an ETRecord without {' and '.join(missing)}: take it from "
                                 "ExecutorchProgramManager.get_etrecord() (after to_executorch) or use "
                                 "generate_etrecord(path, edge_program, executorch_program)")
 
     def __repr__(self) -> str:
-        n_instr = sum(len(d) for d in (self._debug_handle_map or {}).values())
+        n_instr = sum(g.kind != IN_DELEGATE for gs in (self._handle_groups or {}).values() for g in gs)
         return (f"ETRecord(methods={self.methods}, aten={sorted(self._program_names('aten'))}, "
                 f"graph_map={sorted(self._program_names('graph_map'))}, instructions={n_instr}, "
                 f"program_hash={self.program_hash!r})")

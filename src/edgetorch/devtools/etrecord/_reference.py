@@ -305,12 +305,6 @@ def _val_json(v: Any, depth: int = 0) -> Any:
     return None
 
 
-def _debug_handle(node: torch.fx.Node) -> int | None:
-    custom = node.meta.get("custom")
-    h = custom.get("debug_handle") if isinstance(custom, dict) else None
-    return h if isinstance(h, int) and not isinstance(h, bool) else None
-
-
 def _check_table(doc: dict[str, Any], key: str, item_ok: Callable[[Any], bool]) -> list[Any]:
     items = doc[key]
     if not isinstance(items, list) or not all(item_ok(x) for x in items):
@@ -669,16 +663,14 @@ def reference_from_program(ep: Any, method: str) -> torch.fx.GraphModule:
 
 def encode_handles(ep: Any, method: str) -> dict[str, Any]:
     """The handle-table document of an edge program: every op node with a debug handle (getitem skipped)."""
+    from edgetorch.exir.debug_handles import nodes_by_handle
     from edgetorch.exir.op_variants import is_view_op
 
     traces, stacks = _Table(), _Table()
     rows: list[list[Any]] = []
-    for n in ep.graph.nodes:
-        if n.op != "call_function" or n.target is operator.getitem:
-            continue
-        h = _debug_handle(n)
-        if h is None:
-            continue
+    order = {n: i for i, n in enumerate(ep.graph.nodes)}
+    for h, n in sorted(((h, n) for h, ns in nodes_by_handle(ep.graph).items() for n in ns),
+                       key=lambda x: order[x[1]]):
         t = n.target
         if isinstance(t, torch._ops.OpOverload):
             op, is_view = t._schema.name, is_view_op(t)

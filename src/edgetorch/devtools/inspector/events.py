@@ -7,6 +7,7 @@ sample per run, and keeps the intermediate outputs of every run that logged them
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from edgetorch.formats import etdump as ed
+from edgetorch.formats.handles import HandleGroup
 
 FRAMEWORK_EVENTS = {ed.METHOD_EXECUTE, ed.PROGRAM_LOAD_METHOD, ed.METHOD_INIT}
 
@@ -86,13 +88,25 @@ class Event:
     debug_data: list[Any] = field(default_factory=list)  # outputs logged by the first run that logged any
     num_outputs: int = 1
     run_debug_data: list[list[Any]] = field(default_factory=list)  # per run (empty list: nothing logged)
-    delegate_debug_metadatas: list[bytes] = field(default_factory=list)
+    raw_delegate_debug_metadatas: list[bytes] = field(default_factory=list)
+    #: the ETRecord's handle group of this event (None: no ETRecord, or the event covers no handle)
+    handle_group: HandleGroup | None = None
     _instruction_id: int | None = None
     _start_time: list[int] = field(default_factory=list)
+    _delegate_metadata_parser: Callable[[bytes], Any] | None = None
 
     @property
     def instruction_id(self) -> int | None:
         return self._instruction_id
+
+    @property
+    def delegate_debug_metadatas(self) -> list[Any]:
+        """The delegate's debug metadata of each sample, parsed by the Inspector's ``delegate_metadata_parser``
+        for an op inside a delegate (raw bytes otherwise)."""
+        parse = self._delegate_metadata_parser
+        if parse is None or not self.is_delegated_op:
+            return list(self.raw_delegate_debug_metadatas)
+        return [parse(m) for m in self.raw_delegate_debug_metadatas]
 
     @property
     def start_time(self) -> list[int]:
@@ -204,79 +218,102 @@ class _RawEvent:
     metadata: list[bytes] = field(default_factory=list)
     debug_per_run: list[list[tuple[int, ed.Value]]] = field(default_factory=list)
 
+    def add_profile(self, p: ed.ProfileEvent) -> None:
+        end, start = p.end_time, p.start_time
+        self.durations.append(end - start if end >= start else (2**32 - 1 - start) + end)
+        self.starts.append(start)
+        if p.delegate_debug_metadata:
+            self.metadata.append(p.delegate_debug_metadata)
 
-def gen_event_blocks(etdump: ed.ETDump, inflate, source: TimeScale, target: TimeScale) -> list[EventBlock]:
+
+#: ``delegate_time_scale_converter(event name, time) -> time in the target unit``, for events inside a delegate
+TimeConverter = Callable[[int | str, int | float], int | float]
+
+
+@dataclass
+class _Group:
+    """The events of a group of identical runs, in first-seen order, and the first run's program outputs."""
+
+    raw: dict[tuple, _RawEvent] = field(default_factory=dict)
+    order: list[tuple] = field(default_factory=list)
+    outputs: list[Any] = field(default_factory=list)
+
+    def add_run(self, r: int, run: ed.RunData) -> None:
+        debug_this_run: dict[tuple, list[tuple[int, ed.Value]]] = {}
+        for e in run.events:
+            if e.profile_event is not None:
+                p = e.profile_event
+                did = _delegate_id(p)
+                key = (p.instruction_id, did, p.name if did is None else None)
+                if key not in self.raw:
+                    self.raw[key] = _RawEvent(key, p.name, p.instruction_id if p.instruction_id >= 0 else None, did)
+                    self.order.append(key)
+                self.raw[key].add_profile(p)
+            elif e.debug_event is not None:
+                d = e.debug_event
+                if ed.is_input_event(d):  # the call's inputs: read by inspector.generation
+                    continue
+                if d.debug_entry.output:
+                    if r == 0:
+                        self.outputs.append(d.debug_entry)
+                    continue
+                debug_this_run.setdefault((d.instruction_id, _delegate_id(d)), []).append((d.output_index,
+                                                                                          d.debug_entry))
+        self._add_debug(r, debug_this_run)
+
+    def _add_debug(self, r: int, debug_this_run: dict[tuple, list[tuple[int, ed.Value]]]) -> None:
+        for (iid, did), vals in debug_this_run.items():  # debug events without a profile event
+            if not any(k[0] == iid and k[1] == did for k in self.order):
+                key = (iid, did, None)
+                self.raw[key] = _RawEvent(key, str(did) if did is not None else f"instruction_{iid}",
+                                          iid if iid >= 0 else None, did)
+                self.raw[key].debug_per_run = [[] for _ in range(r)]
+                self.order.append(key)
+        for key in self.order:
+            ev = self.raw[key]
+            vals = debug_this_run.get((ev.instruction_id if ev.instruction_id is not None else -1,
+                                       ev.delegate_id), [])
+            ev.debug_per_run.append([] if ev.name in FRAMEWORK_EVENTS else vals)
+
+
+def _event(ev: _RawEvent, inflate: Callable[[ed.Value], Any], factor: float, convert: TimeConverter | None,
+           parser: Callable[[bytes], Any] | None) -> Event:
+    per_run = [[inflate(v) for _, v in sorted(vals, key=lambda x: x[0])] for vals in ev.debug_per_run]
+    first = next((v for v in per_run if v), [])
+    name = str(ev.delegate_id) if ev.delegate_id is not None else ev.name
+    if ev.delegate_id is not None and convert is not None:  # start and end converted separately
+        times = [convert(name, s + d) - convert(name, s) for s, d in zip(ev.starts, ev.durations)]
+    else:
+        times = [d / factor for d in ev.durations]
+    return Event(name=name, perf_data=PerfData(times) if times else None, delegate_debug_identifier=ev.delegate_id,
+                 is_delegated_op=ev.delegate_id is not None, debug_data=first, num_outputs=max(1, len(first)),
+                 run_debug_data=per_run, raw_delegate_debug_metadatas=ev.metadata,
+                 _instruction_id=ev.instruction_id, _start_time=ev.starts, _delegate_metadata_parser=parser)
+
+
+def gen_event_blocks(etdump: ed.ETDump, inflate: Callable[[ed.Value], Any], source: TimeScale, target: TimeScale,
+                     delegate_time_scale_converter: TimeConverter | None = None,
+                     delegate_metadata_parser: Callable[[bytes], Any] | None = None) -> list[EventBlock]:
     """Groups an ETDump's runs into EventBlocks (one per method and run signature).
 
     ``inflate(value: ed.Value)`` turns a logged value into a tensor / Python value (the debug buffer reader).
+    Times are scaled from ``source`` to ``target``; those of events inside a delegate by
+    ``delegate_time_scale_converter`` instead, when given (applied to the start and the end time).
     """
     groups: dict[tuple, list[ed.RunData]] = {}
     for run in etdump.run_data:
-        if not run.events:
-            continue
-        key = (run.name, run.method, _signature(run))
-        groups.setdefault(key, []).append(run)
+        if run.events:
+            groups.setdefault((run.name, run.method, _signature(run)), []).append(run)
     factor = scale_factor(source, target)
     blocks = []
     for (name, method, _sig), runs in groups.items():
-        raw: dict[tuple, _RawEvent] = {}
-        order: list[tuple] = []
-        outputs: list[Any] = []
+        g = _Group()
         for r, run in enumerate(runs):
-            debug_this_run: dict[tuple, list[tuple[int, ed.Value]]] = {}
-            for e in run.events:
-                if e.profile_event is not None:
-                    p = e.profile_event
-                    did = _delegate_id(p)
-                    key = (p.instruction_id, did, p.name if did is None else None)
-                    if key not in raw:
-                        raw[key] = _RawEvent(key, p.name, p.instruction_id if p.instruction_id >= 0 else None, did)
-                        order.append(key)
-                    ev = raw[key]
-                    end, start = p.end_time, p.start_time
-                    ev.durations.append(end - start if end >= start else (2**32 - 1 - start) + end)
-                    ev.starts.append(start)
-                    if p.delegate_debug_metadata:
-                        ev.metadata.append(p.delegate_debug_metadata)
-                elif e.debug_event is not None:
-                    d = e.debug_event
-                    if ed.is_input_event(d):  # the call's inputs: read by inspector.generation
-                        continue
-                    if d.debug_entry.output:
-                        if r == 0:
-                            outputs.append(d.debug_entry)
-                        continue
-                    did = _delegate_id(d)
-                    debug_this_run.setdefault((d.instruction_id, did), []).append((d.output_index, d.debug_entry))
-            for (iid, did), vals in debug_this_run.items():  # debug events without a profile event
-                if not any(k[0] == iid and k[1] == did for k in order):
-                    key = (iid, did, None)
-                    raw[key] = _RawEvent(key, str(did) if did is not None else f"instruction_{iid}",
-                                         iid if iid >= 0 else None, did)
-                    raw[key].debug_per_run = [[] for _ in range(r)]
-                    order.append(key)
-            for key in order:
-                ev = raw[key]
-                vals = debug_this_run.get((ev.instruction_id if ev.instruction_id is not None else -1,
-                                           ev.delegate_id), [])
-                if ev.name in FRAMEWORK_EVENTS:
-                    vals = []
-                ev.debug_per_run.append(vals)
-        events = []
-        for key in order:
-            ev = raw[key]
-            per_run = [[inflate(v) for _, v in sorted(vals, key=lambda x: x[0])] for vals in ev.debug_per_run]
-            first = next((v for v in per_run if v), [])
-            events.append(Event(
-                name=str(ev.delegate_id) if ev.delegate_id is not None else ev.name,
-                perf_data=PerfData([d / factor for d in ev.durations]) if ev.durations else None,
-                delegate_debug_identifier=ev.delegate_id,
-                is_delegated_op=ev.delegate_id is not None,
-                debug_data=first, num_outputs=max(1, len(first)), run_debug_data=per_run,
-                delegate_debug_metadatas=ev.metadata, _instruction_id=ev.instruction_id, _start_time=ev.starts))
+            g.add_run(r, run)
+        events = [_event(g.raw[k], inflate, factor, delegate_time_scale_converter, delegate_metadata_parser)
+                  for k in g.order]
+        index = runs[0].bundled_input_index
         blocks.append(EventBlock(name=name, events=events, method=method or "forward", source_time_scale=source,
-                                 target_time_scale=target,
-                                 bundled_input_index=runs[0].bundled_input_index
-                                 if runs[0].bundled_input_index >= 0 else None,
-                                 run_output=[inflate(v) for v in outputs] or None, num_runs=len(runs)))
+                                 target_time_scale=target, bundled_input_index=index if index >= 0 else None,
+                                 run_output=[inflate(v) for v in g.outputs] or None, num_runs=len(runs)))
     return blocks

@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 
 from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE, NumericalComparatorBase, get_comparator
 from edgetorch.devtools.inspector.events import _signature
-from edgetorch.devtools.inspector.numeric_gap import compare_values, compute_numeric_gap
+from edgetorch.devtools.inspector.numeric_gap import compare_values, compute_numeric_gap, runtime_entries
 from edgetorch.errors import InspectorError
 from edgetorch.formats import etdump as ed
 
@@ -250,13 +250,12 @@ class GenerationReplay:
             comparator.inspector = insp
         method = rec.execution.method
         gm, used = self.module(method)
-        entries, _inner = insp._runtime_entries(insp.event_blocks[rec.block], rec.block_run)
+        entries = runtime_entries(insp.event_blocks[rec.block].events, rec.block_run)
         nodes_by_h = insp._nodes_by_handle(method)
         view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
         with _bound(gm, self._state):
             df, cov = compute_numeric_gap(gm, tuple(pytree.tree_leaves(tuple(rec.inputs))), entries, comparator,
-                                          view_only=view_only, delegated_without_inner=set(), local=local,
-                                          capture=capture)
+                                          view_only=view_only, local=local, capture=capture)
         df.attrs.update(reference_graph=used, method=method, execution=rec.execution.index, run=rec.execution.run,
                         distance=getattr(comparator, "name", type(comparator).__name__))
         effects = [oe for oe in insp.observer_effects if oe.method == method]

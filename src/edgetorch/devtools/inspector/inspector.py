@@ -30,9 +30,16 @@ from edgetorch.devtools.inspector.events import (
     gen_event_blocks,
     observer_effects,
 )
-from edgetorch.devtools.inspector.numeric_gap import Coverage, RuntimeEntry, compute_numeric_gap, reference_handles
+from edgetorch.devtools.inspector.numeric_gap import (
+    Coverage,
+    RuntimeEntry,
+    compute_numeric_gap,
+    reference_handles,
+    runtime_entries,
+)
 from edgetorch.errors import ArtifactMismatchError, InspectorError, ObserverEffectWarning
 from edgetorch.formats import etdump as ed
+from edgetorch.formats.handles import DELEGATE_CALL, KERNEL, HandleGroup
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +47,13 @@ _HIDDEN_COLUMNS = ["raw", "delegate_debug_identifier", "stack_traces", "module_h
 
 
 class Inspector:
-    """Reads an ETDump and (optionally) an ETRecord; see the module docstring."""
+    """Reads an ETDump and (optionally) an ETRecord; see the module docstring.
+
+    ``delegate_time_scale_converter(event name, time)``: converts the start and end times of events inside a
+    delegate (which may count in another unit) to ``target_time_scale``; ``delegate_metadata_parser(bytes)``:
+    parses their debug metadata (``Event.delegate_debug_metadatas``, the ``delegate_debug_metadata`` column of
+    ``to_dataframe(include_delegate_debug_data=True)``); ``enable_module_hierarchy``: links each event to the
+    module path of its ops (the ``module_hierarchy`` column, ``find_total_for_module``)."""
 
     def __init__(self, etdump_path: str | os.PathLike | None = None, etdump_data: bytes | None = None,
                  etrecord: Any = None, source_time_scale: TimeScale = TimeScale.NS,
@@ -78,10 +91,16 @@ class Inspector:
         self._check_hashes()
         self.source_time_scale = source_time_scale
         self.target_time_scale = target_time_scale
+        for what, f in (("delegate_metadata_parser", delegate_metadata_parser),
+                        ("delegate_time_scale_converter", delegate_time_scale_converter)):
+            if f is not None and not callable(f):
+                raise InspectorError(f"{what} must be callable, got {type(f).__name__}")
         self.delegate_metadata_parser = delegate_metadata_parser
         self.delegate_time_scale_converter = delegate_time_scale_converter
+        self.enable_module_hierarchy = bool(enable_module_hierarchy)
         self.event_blocks: list[EventBlock] = gen_event_blocks(self._etdump, self._inflate, source_time_scale,
-                                                               target_time_scale)
+                                                               target_time_scale, delegate_time_scale_converter,
+                                                               delegate_metadata_parser)
         self._handle_nodes: dict[str, dict[int, list[torch.fx.Node]]] = {}
         if self._etrecord is not None:
             self._associate()
@@ -153,48 +172,38 @@ class Inspector:
         return self._handle_nodes[method]
 
     def _associate(self) -> None:
+        """Gives every event its handle group (by instruction id and delegate debug id) and the ops, stack traces
+        and module paths of the edge nodes the group's handles name."""
         rec = self._etrecord
-        hmap_all = rec.debug_handle_map or {}
-        dmap_all = rec.delegate_map or {}
-        nouts_all = rec.instruction_id_to_num_outs_map or {}
         for block in self.event_blocks:
-            method = block.method
-            hmap, dmap, nouts = hmap_all.get(method, {}), dmap_all.get(method, {}), nouts_all.get(method, {})
-            nodes_by_h = self._nodes_by_handle(method)
+            groups = {g.key: g for g in (rec.handle_groups or {}).get(block.method, [])}
+            nodes_by_h = self._nodes_by_handle(block.method)
             for ev in block.events:
-                iid = ev.instruction_id
-                if iid is None or ev.name in FRAMEWORK_EVENTS:
+                if ev.instruction_id is None or ev.name in FRAMEWORK_EVENTS:
                     continue
-                if ev.is_delegated_op:
-                    entry = dmap.get(iid)
-                    if entry is None:
-                        continue
-                    ev.delegate_backend_name = entry.get("name")
-                    inner = entry.get("delegate_map") or {}
-                    handles = inner.get(ev.delegate_debug_identifier)
-                    if handles is None:
-                        handles = inner.get(str(ev.delegate_debug_identifier))
-                    if handles is None:
-                        continue
-                    ev.debug_handles = list(handles)
-                else:
-                    if iid not in hmap:
-                        continue
-                    ev.debug_handles = hmap[iid]
-                    if iid in dmap:
-                        ev.delegate_backend_name = dmap[iid].get("name")
-                        ev.num_outputs = nouts.get(iid, ev.num_outputs)
-                handles = ev.debug_handles if isinstance(ev.debug_handles, list) else [ev.debug_handles]
-                for h in handles:
-                    for n in nodes_by_h.get(h, []):
-                        ev.op_types.append(n.op)
-                        if n.stack_trace:
-                            ev.stack_traces.setdefault(n.name, n.stack_trace)
-                        if n.nn_module_stack is not None:
-                            ev.module_hierarchy.setdefault(n.name, n.nn_module_stack)
-            refs = (rec.reference_outputs or {}).get(method)
+                did = ev.delegate_debug_identifier if ev.is_delegated_op else None
+                g = groups.get((ev.instruction_id, did))
+                if g is None and did is not None:  # a backend may log an int id the record keeps as a string
+                    g = groups.get((ev.instruction_id, str(did)))
+                if g is not None:
+                    self._link(ev, g, nodes_by_h)
+            refs = (rec.reference_outputs or {}).get(block.method)
             if refs and block.bundled_input_index is not None and block.bundled_input_index < len(refs):
                 block.reference_output = refs[block.bundled_input_index]
+
+    def _link(self, ev: Event, g: HandleGroup, nodes_by_h: dict[int, list[Any]]) -> None:
+        ev.handle_group = g
+        ev.debug_handles = g.handles[0] if g.kind == KERNEL else list(g.handles)
+        ev.delegate_backend_name = g.backend
+        if g.kind == DELEGATE_CALL and g.outputs is not None:
+            ev.num_outputs = len(g.outputs)
+        for h in g.handles:
+            for n in nodes_by_h.get(h, []):
+                ev.op_types.append(n.op)
+                if n.stack_trace:
+                    ev.stack_traces.setdefault(n.name, n.stack_trace)
+                if n.nn_module_stack is not None and self.enable_module_hierarchy:
+                    ev.module_hierarchy.setdefault(n.name, n.nn_module_stack)
 
     # -- tables --------------------------------------------------------------------------------------------
     def to_dataframe(self, include_units: bool = True, include_delegate_debug_data: bool = False) -> pd.DataFrame:
@@ -202,6 +211,8 @@ class Inspector:
         if not frames:
             return pd.DataFrame()
         df = pd.concat(frames, ignore_index=True)
+        if not self.enable_module_hierarchy:
+            df = df.drop(columns=["module_hierarchy"])
         if include_delegate_debug_data:
             md = [e.delegate_debug_metadatas for b in self.event_blocks for e in b.events]
             df["delegate_debug_metadata"] = md
@@ -243,6 +254,9 @@ class Inspector:
 
     def find_total_for_module(self, module_name: str) -> float:
         """Sum of average times (target unit) of the events whose module path contains ``module_name``."""
+        if not self.enable_module_hierarchy:
+            raise InspectorError("find_total_for_module needs the module paths: create the Inspector with "
+                                 "enable_module_hierarchy=True")
         total = 0.0
         for block in self.event_blocks:
             for ev in block.events:
@@ -288,45 +302,9 @@ class Inspector:
         return blocks[0]
 
     def _runtime_entries(self, block: EventBlock, run: int) -> tuple[list[RuntimeEntry], set[int]]:
-        rec = self._etrecord
-        dmap = (rec.delegate_map or {}).get(block.method, {})
-        sources = (getattr(rec, "delegate_outputs", None) or {}).get(block.method, {})
-        entries: list[RuntimeEntry] = []
-        by_handle: dict[int, RuntimeEntry] = {}
-        inner_covered: set[int] = set()
-        for ev in block.events:
-            if ev.instruction_id is None or ev.debug_handles is None or ev.name in FRAMEWORK_EVENTS:
-                continue
-            data = ev.run_debug_data[run] if run < len(ev.run_debug_data) else []
-            if ev.is_delegated_op:
-                if data:
-                    handles = tuple(ev.debug_handles)
-                    inner_covered.update(handles)
-                    entries.append(RuntimeEntry(handles, [ev.name], data if len(data) > 1 else data[0],
-                                                ev.instruction_id, ev.delegate_backend_name,
-                                                in_delegate_call=ev.instruction_id))
-                continue
-            if ev.instruction_id in dmap:
-                if data:
-                    entries.append(RuntimeEntry(tuple(ev.debug_handles), ["DELEGATE_CALL"], data, ev.instruction_id,
-                                                ev.delegate_backend_name, is_delegate_call=True,
-                                                output_sources=sources.get(ev.instruction_id)))
-                continue
-            h = ev.debug_handles if isinstance(ev.debug_handles, int) else None
-            if h is None or h == 0:
-                continue
-            e = by_handle.get(h)
-            if e is None:
-                e = RuntimeEntry((h,), [], None, ev.instruction_id)
-                by_handle[h] = e
-                entries.append(e)
-            e.ops.append(ev.name)
-            if data:
-                e.value = data if len(data) > 1 else data[0]
-                e.instruction_id = ev.instruction_id
-        entries = [e for e in entries if e.value is not None]
-        entries.sort(key=lambda e: (e.instruction_id, 0 if e.is_delegate_call else 1))
-        return entries, inner_covered
+        """``numeric_gap.runtime_entries`` of one run of ``block`` (and an empty set, for the callers that still
+        unpack the pair this returned before)."""
+        return runtime_entries(block.events, run), set()
 
     def _reference(self, method: str, reference_graph: str | None) -> tuple[torch.fx.GraphModule, str]:
         rec = self._etrecord
@@ -400,13 +378,12 @@ class Inspector:
                                      f"({len(reps)} recorded)")
             inputs = reps[idx]
         block = self._block_for(method)
-        entries, inner = self._runtime_entries(block, run)
+        entries = runtime_entries(block.events, run)
         gm, used = self._reference(method, reference_graph)
         flat = pytree.tree_leaves(tuple(inputs))
         nodes_by_h = self._nodes_by_handle(method)
         view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
-        df, cov = compute_numeric_gap(gm, tuple(flat), entries, comparator, view_only=view_only,
-                                      delegated_without_inner=set(), local=local)
+        df, cov = compute_numeric_gap(gm, tuple(flat), entries, comparator, view_only=view_only, local=local)
         df.attrs["reference_graph"] = used
         df.attrs["method"] = method
         df.attrs["distance"] = getattr(comparator, "name", type(comparator).__name__)

@@ -55,30 +55,76 @@ from edgetorch.devtools.inspector.comparators import (
     mismatch_count,
 )
 from edgetorch.devtools.inspector.noise import floor_from_units, noise_model_attrs, op_noise, rel_error, verdict
-from edgetorch.exir.debug_handles import get_debug_handle, source_location
+from edgetorch.exir.debug_handles import nodes_by_handle, source_location
+from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup, OutputSource
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class RuntimeEntry:
-    """Runtime outputs for one handle group."""
+    """The runtime outputs of one handle group (``formats.handles.HandleGroup``, as the ETRecord stores it)."""
 
-    handles: tuple[int, ...]
+    group: HandleGroup
     ops: list[str]
     value: Any  # tensor, or list of tensors for multi-output instructions
-    instruction_id: int
-    delegate_backend: str | None = None
-    in_delegate_call: int | None = None  # instruction id of the enclosing DELEGATE_CALL for inner ops
-    is_delegate_call: bool = False
-    order: tuple = ()
-    #: for a delegate call: per output, [debug handle, output index] of the edge op computing it (None: unknown)
-    output_sources: list[list[int] | None] | None = None
+
+    @property
+    def handles(self) -> tuple[int, ...]:
+        return self.group.handles
+
+    @property
+    def instruction_id(self) -> int:
+        return self.group.instruction_id
+
+    @property
+    def delegate_backend(self) -> str | None:
+        return self.group.backend
+
+    @property
+    def in_delegate_call(self) -> int | None:
+        """The instruction id of the enclosing delegate call, for an op inside a delegate."""
+        return self.group.instruction_id if self.group.kind == IN_DELEGATE else None
+
+    @property
+    def is_delegate_call(self) -> bool:
+        return self.group.kind == DELEGATE_CALL
+
+    @property
+    def output_sources(self) -> tuple[OutputSource, ...] | None:
+        """For a delegate call: per output, (debug handle, output index) of the edge op computing it."""
+        return self.group.outputs
 
     @property
     def tensors(self) -> list[torch.Tensor]:
         v = self.value
         return [v] if isinstance(v, torch.Tensor) else [t for t in (v or []) if isinstance(t, torch.Tensor)]
+
+
+def runtime_entries(events: list[Any], run: int) -> list[RuntimeEntry]:
+    """The entries of one run of a block, in instruction order (a delegate call before the ops inside it): one
+    per handle group that logged a value, kernels of one handle (an ATen op decomposed into several) merged
+    into one entry that keeps the last logged value. ``events`` carry their group (``Event.handle_group``)."""
+    entries: list[RuntimeEntry] = []
+    kernels: dict[tuple[int, ...], RuntimeEntry] = {}
+    for ev in events:
+        g = ev.handle_group
+        data = ev.run_debug_data[run] if g is not None and run < len(ev.run_debug_data) else []
+        if g is not None and g.kind == KERNEL:
+            e = kernels.get(g.handles)
+            if e is None:
+                e = kernels[g.handles] = RuntimeEntry(g, [], None)
+                entries.append(e)
+            e.ops.append(ev.name)
+            if data:
+                e.group, e.value = g, data if len(data) > 1 else data[0]
+        elif data:
+            call = g.kind == DELEGATE_CALL
+            entries.append(RuntimeEntry(g, ["DELEGATE_CALL"] if call else [ev.name],
+                                        data if call or len(data) > 1 else data[0]))
+    entries = [e for e in entries if e.value is not None]
+    entries.sort(key=lambda e: (e.instruction_id, 0 if e.is_delegate_call else 1))
+    return entries
 
 
 @dataclass
@@ -344,17 +390,8 @@ def _positional_is_closest(got: list[torch.Tensor], outs: list[Any], idx: list[i
 
 def reference_handles(gm: torch.fx.GraphModule) -> tuple[dict[int, torch.fx.Node], dict[int, list[torch.fx.Node]]]:
     """Per handle: the last op node (its output is what gets compared) and all op nodes, in graph order."""
-    last: dict[int, torch.fx.Node] = {}
-    nodes: dict[int, list[torch.fx.Node]] = {}
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or n.target is operator.getitem:
-            continue
-        h = get_debug_handle(n)
-        if h is None:
-            continue
-        last[h] = n
-        nodes.setdefault(h, []).append(n)
-    return last, nodes
+    nodes = nodes_by_handle(gm.graph)
+    return {h: ns[-1] for h, ns in nodes.items()}, nodes
 
 
 @contextlib.contextmanager
@@ -481,134 +518,147 @@ def _runtime_values(e: RuntimeEntry, h: int, index: int | None, want: Any
     return {0: val} if isinstance(val, torch.Tensor) else None
 
 
-def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries: list[RuntimeEntry],
-                        comparator: NumericalComparatorBase, view_only: set[int] | None = None,
-                        delegated_without_inner: set[int] | None = None, local: bool = True,
-                        capture: dict[str, Any] | None = None) -> tuple[pd.DataFrame, Coverage]:
-    """Builds the gap table (one row per matched runtime group, in execution order) and its coverage.
-    ``capture`` (optional) receives the reference run's ``"output"`` and its ``"state"`` after the run (the
-    attributes its in-place ops wrote), so a replay across calls needs no second forward pass."""
-    last, nodes = reference_handles(reference)
-    order = {h: i for i, h in enumerate(last)}  # execution order of each handle's last op
-    # the reference tensor each runtime entry is compared with: the output of its group's last op. Entries
-    # are resolved against the reference's output *shapes*, known from node metadata or a first walk.
-    cov = Coverage(runtime_total=len(entries), aot_total=len(last))
+@dataclass
+class _Join:
+    """One gap computation: the reference's handles (last op, all ops, execution order) and, after the walk,
+    which runtime entry gave each handle's substituted values."""
+
+    last: dict[int, torch.fx.Node]
+    nodes: dict[int, list[torch.fx.Node]]
+    order: dict[int, int]
+    walk: _JointWalk | None = None
+    provider: dict[int, RuntimeEntry] = field(default_factory=dict)
+
+    def mine(self, e: RuntimeEntry, h: int) -> torch.Tensor | None:
+        """The runtime tensor the walk substituted for ``h``'s first output, when ``e`` provided it."""
+        return self.walk.assigned.get(h, {}).get(0) if self.provider.get(h) is e else None
+
+
+def _walk(j: _Join, reference: torch.fx.GraphModule, inputs: tuple, picked: list[tuple[RuntimeEntry, int, int | None]],
+          local: bool, capture: dict[str, Any] | None) -> None:
+    """Runs the reference once (``_JointWalk``), with the runtime values per handle for the local gaps: the
+    finest first (an op logged inside a delegate over its DELEGATE_CALL)."""
     runtime: dict[int, dict[int, torch.Tensor] | list[torch.Tensor]] = {}
-    provider: dict[int, RuntimeEntry] = {}  # handle -> the entry whose values were substituted
-    picked: list[tuple[RuntimeEntry, int, int | None]] = []
-    for e in entries:
-        res = _resolve(e, last, order)
-        if isinstance(res, str):
-            cov.unmatched.append(_unmatched(e, res))
+    for e, h, index in picked if local else ():
+        if e.is_delegate_call and h in runtime:
             continue
-        picked.append((e, *res))
-    with torch.no_grad():
-        if local:
-            # runtime values per handle, finest first (inner delegate rows over their DELEGATE_CALL row)
-            for e, h, index in picked:
-                if e.is_delegate_call and h in runtime:
-                    continue
-                vals = _runtime_values(e, h, index, last[h].meta.get("val"))
-                if vals:
-                    runtime[h] = vals
-                    provider[h] = e
-        walk = _JointWalk(reference, last, runtime if local else None)
-        after: dict[str, torch.Tensor] | None = {} if capture is not None else None
-        with _restored_state(reference, walk.mutated, after):
-            result = walk.run(*inputs)
-        if capture is not None:
-            capture.update(output=result, state=after)
-    aot, local_ref = walk.outputs, walk.local
-    matched: list[tuple[RuntimeEntry, int, torch.Tensor, torch.Tensor]] = []
+        vals = _runtime_values(e, h, index, j.last[h].meta.get("val"))
+        if vals:
+            runtime[h] = vals
+            j.provider[h] = e
+    j.walk = _JointWalk(reference, j.last, runtime if local else None)
+    after: dict[str, torch.Tensor] | None = {} if capture is not None else None
+    with torch.no_grad(), _restored_state(reference, j.walk.mutated, after):
+        result = j.walk.run(*inputs)
+    if capture is not None:
+        capture.update(output=result, state=after)
+
+
+def _pairs(j: _Join, picked: list[tuple[RuntimeEntry, int, int | None]], cov: Coverage
+           ) -> list[tuple[RuntimeEntry, int, torch.Tensor, torch.Tensor]]:
+    """(entry, reference handle, reference tensor, runtime tensor) of every row, in the reference's execution
+    order; view-only reference ops get a row from the view of the runtime's value of their input."""
+    aot, matched = j.walk.outputs, []
     for e, h, index in picked:
         ref = _first_tensor(aot.get(h))
         if ref is None:
             cov.unmatched.append(_unmatched(e, "the reference op of this group produced no tensor"))
             continue
         rt = _runtime_tensor(e, index, ref)
-        mine = walk.assigned.get(h, {}).get(0) if provider.get(h) is e else None
-        if isinstance(rt, str) and mine is not None:
-            rt = mine  # a multi-output op whose outputs the walk paired one by one
+        if isinstance(rt, str) and j.mine(e, h) is not None:
+            rt = j.mine(e, h)  # a multi-output op whose outputs the walk paired one by one
         if isinstance(rt, str):
             cov.unmatched.append(_unmatched(e, rt))
             continue
         matched.append((e, h, ref, rt))
     cov.runtime_matched = len(matched)
-    # view-only reference ops: their runtime value is the view of the runtime's value of their input
-    for h in sorted(walk.derived, key=order.__getitem__):
-        rt = _first_tensor(local_ref.get(h))
-        ref = _first_tensor(aot.get(h))
-        if rt is None or ref is None or rt.numel() != ref.numel() or rt.dtype != ref.dtype:
-            continue
-        matched.append((RuntimeEntry((h,), ["(alias of a runtime value)"], rt, -1), h, ref, rt))
-    matched.sort(key=lambda m: order[m[1]])  # execution order of the reference (stable)
-    covered: set[int] = set()
-    rows = []
-    for e, h, ref, rt in matched:
-        group = [x for x in e.handles if x in last]
-        covered.update(group)
-        aot_names = [n.name for x in sorted(group, key=order.__getitem__) for n in nodes.get(x, [])]
-        mine = walk.assigned.get(h, {}).get(0) if provider.get(h) is e else None
-        same = walk.same.get(h) if (e.instruction_id >= 0 and mine is not None
-                                    and mine.data_ptr() == rt.data_ptr()) else None
-        gap, metric, mismatches = compare_values(comparator, ref, rt, identical=bool(same))
-        lref = _first_tensor(local_ref.get(h)) if local_ref else None
-        if lref is None or lref.numel() != rt.numel() or lref.dtype != rt.dtype:
-            lgap = None
-        elif lref is ref:  # the op saw the reference's own inputs: its local gap is its gap
-            lgap = gap
-        else:
-            lgap = compare_values(comparator, lref, rt)[0]
-        node = last[h]
-        scale = _scale_columns(ref, rt, lref if lgap is not None else None, metric, mismatches, lgap,
-                               walk.carry.get(node, 0.0), _delegated(e))
-        rows.append({
-            "aot_debug_handle": tuple(sorted(group, key=order.__getitem__)),
-            "aot_ops": aot_names,
-            "aot_intermediate_output": ref,
-            "runtime_ops": list(e.ops),
-            "runtime_debug_handle": tuple(e.handles),
-            "runtime_intermediate_output": rt,
-            "gap": [gap],
-            "local_gap": [lgap] if lgap is not None else [None],
-            "metric": metric,
-            "mismatches": mismatches,
-            "dtype": str(ref.dtype).removeprefix("torch."),
-            "stacktraces": {n.name: n.meta.get("stack_trace") for x in group for n in nodes.get(x, [])},
-            "source": source_location(node.meta.get("stack_trace")),
-            "module": _module_path(node),
-            "instruction_id": e.instruction_id,
-            "delegate": e.delegate_backend,
-            "in_delegate_call": e.in_delegate_call,
-            "shape": tuple(ref.shape),
-            "ref_handle": h,
-            **scale,
-        })
-    _delegate_boundaries(rows)
-    cov.aot_matched = len(covered)
-    view_only = view_only or set()
-    delegated_without_inner = delegated_without_inner or set()
-    for h, n in last.items():
+    for h in sorted(j.walk.derived, key=j.order.__getitem__):
+        rt, ref = _first_tensor(j.walk.local.get(h)), _first_tensor(aot.get(h))
+        if rt is not None and ref is not None and rt.numel() == ref.numel() and rt.dtype == ref.dtype:
+            alias = RuntimeEntry(HandleGroup(KERNEL, -1, (h,)), ["(alias of a runtime value)"], rt)
+            matched.append((alias, h, ref, rt))
+    matched.sort(key=lambda m: j.order[m[1]])  # stable
+    return matched
+
+
+def _row(j: _Join, e: RuntimeEntry, h: int, ref: torch.Tensor, rt: torch.Tensor,
+         comparator: NumericalComparatorBase) -> dict[str, Any]:
+    group = sorted((x for x in e.handles if x in j.last), key=j.order.__getitem__)
+    mine = j.mine(e, h)
+    same = j.walk.same.get(h) if e.instruction_id >= 0 and mine is not None and mine.data_ptr() == rt.data_ptr() \
+        else None
+    gap, metric, mismatches = compare_values(comparator, ref, rt, identical=bool(same))
+    lref = _first_tensor(j.walk.local.get(h)) if j.walk.local else None
+    if lref is None or lref.numel() != rt.numel() or lref.dtype != rt.dtype:
+        lgap = None
+    elif lref is ref:  # the op saw the reference's own inputs: its local gap is its gap
+        lgap = gap
+    else:
+        lgap = compare_values(comparator, lref, rt)[0]
+    node = j.last[h]
+    scale = _scale_columns(ref, rt, lref if lgap is not None else None, metric, mismatches, lgap,
+                           j.walk.carry.get(node, 0.0), _delegated(e))
+    return {
+        "aot_debug_handle": tuple(group), "aot_ops": [n.name for x in group for n in j.nodes.get(x, [])],
+        "aot_intermediate_output": ref, "runtime_ops": list(e.ops), "runtime_debug_handle": tuple(e.handles),
+        "runtime_intermediate_output": rt, "gap": [gap], "local_gap": [lgap], "metric": metric,
+        "mismatches": mismatches, "dtype": str(ref.dtype).removeprefix("torch."),
+        "stacktraces": {n.name: n.meta.get("stack_trace") for x in group for n in j.nodes.get(x, [])},
+        "source": source_location(node.meta.get("stack_trace")), "module": _module_path(node),
+        "instruction_id": e.instruction_id, "delegate": e.delegate_backend, "in_delegate_call": e.in_delegate_call,
+        "shape": tuple(ref.shape), "ref_handle": h, **scale,
+    }
+
+
+def _unmatched_reference(j: _Join, covered: set[int], view_only: set[int], cov: Coverage) -> None:
+    for h in j.last:
         if h in covered:
             continue
-        if h in view_only:
-            reason = "view-only op: it runs as an alias of its input, no kernel output to log"
-        elif h in delegated_without_inner:
-            reason = "inside a delegate that logs no per-op outputs (covered by its DELEGATE_CALL row)"
-        else:
-            reason = "no runtime op logged an output for this handle"
-        cov.unmatched.append({"side": "reference", "ops": [x.name for x in nodes[h]], "handles": (h,),
+        reason = ("view-only op: it runs as an alias of its input, no kernel output to log" if h in view_only
+                  else "no runtime op logged an output for this handle")
+        cov.unmatched.append({"side": "reference", "ops": [x.name for x in j.nodes[h]], "handles": (h,),
                               "instruction_id": None, "reason": reason})
-    columns = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_ops", "runtime_debug_handle",
-               "runtime_intermediate_output", "gap", "local_gap", "metric", "mismatches", "dtype", "stacktraces",
-               "source", "module", "instruction_id", "delegate", "in_delegate_call", "shape", "ref_handle",
-               *SCALE_COLUMNS]
-    df = pd.DataFrame(rows, columns=columns)
+
+
+_COLUMNS = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_ops", "runtime_debug_handle",
+            "runtime_intermediate_output", "gap", "local_gap", "metric", "mismatches", "dtype", "stacktraces",
+            "source", "module", "instruction_id", "delegate", "in_delegate_call", "shape", "ref_handle",
+            *SCALE_COLUMNS]
+
+
+def _frame(rows: list[dict[str, Any]], cov: Coverage) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=_COLUMNS)
     df["mismatches"] = pd.Series([r["mismatches"] for r in rows], index=df.index, dtype=object)  # int | None
-    df.attrs["coverage"] = cov
     for c in SCALE_COLUMNS[:3]:
         df[c] = pd.Series([r[c] for r in rows], index=df.index, dtype=object)  # float | None
+    df.attrs["coverage"] = cov
     df.attrs["exact_metric"] = EXACT_METRIC
     df.attrs["noise_model"] = noise_model_attrs()
+    return df
+
+
+def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries: list[RuntimeEntry],
+                        comparator: NumericalComparatorBase, view_only: set[int] | None = None, local: bool = True,
+                        capture: dict[str, Any] | None = None) -> tuple[pd.DataFrame, Coverage]:
+    """Builds the gap table (one row per matched runtime group, in execution order) and its coverage.
+    ``capture`` (optional) receives the reference run's ``"output"`` and its ``"state"`` after the run (the
+    attributes its in-place ops wrote), so a replay across calls needs no second forward pass."""
+    last, nodes = reference_handles(reference)
+    j = _Join(last, nodes, {h: i for i, h in enumerate(last)})
+    cov = Coverage(runtime_total=len(entries), aot_total=len(last))
+    picked: list[tuple[RuntimeEntry, int, int | None]] = []
+    for e in entries:  # the reference op each entry is compared with: its group's latest one
+        res = _resolve(e, last, j.order)
+        if isinstance(res, str):
+            cov.unmatched.append(_unmatched(e, res))
+        else:
+            picked.append((e, *res))
+    _walk(j, reference, inputs, picked, local, capture)
+    matched = _pairs(j, picked, cov)
+    rows = [_row(j, e, h, ref, rt, comparator) for e, h, ref, rt in matched]
+    _delegate_boundaries(rows)
+    covered = {x for e, _, _, _ in matched for x in e.handles if x in last}
+    cov.aot_matched = len(covered)
+    _unmatched_reference(j, covered, view_only or set(), cov)
     log.info("numeric gap: %s", cov.summary())
-    return df, cov
+    return _frame(rows, cov), cov

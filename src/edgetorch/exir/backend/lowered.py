@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.export import ExportedProgram
 
+from edgetorch.exir.debug_handles import nodes_by_handle
+
 _REGISTRY: weakref.WeakValueDictionary[str, LoweredBackendModule] = weakref.WeakValueDictionary()
 _COUNTER = itertools.count()
 _LOCK = threading.Lock()
@@ -38,14 +40,7 @@ class LoweredBackendModule:
 
     def debug_handles(self) -> list[int]:
         """Handles of every op in the partition, in graph order (duplicates removed)."""
-        from edgetorch.exir.debug_handles import get_debug_handle
-
-        out: list[int] = []
-        for n in self.original_module.graph.nodes:
-            h = get_debug_handle(n) if n.op == "call_function" else None
-            if h is not None and h not in out:
-                out.append(h)
-        return out
+        return list(nodes_by_handle(self.original_module.graph))
 
     @property
     def compile_spec_items(self) -> list[tuple[str, bytes]]:
