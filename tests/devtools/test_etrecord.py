@@ -575,3 +575,46 @@ def test_delegated_program_capture_and_round_trip():
     back = parse_etrecord(rec.to_bytes())
     assert _maps(back) == _maps(rec)
     assert _graph_sig(back.edge_dialect_program) == _graph_sig(rec.edge_dialect_program)
+    _old_forms_load_as_the_same_groups(rec)
+    # the .pte agrees with the record: a kernel carries its group's handle, a delegate call none (0)
+    et = epm.to_executorch()
+    kinds = {g.instruction_id: g for g in et.handle_groups["forward"] if g.kind != "in_delegate"}
+    for i, ins in enumerate(et.program.plan("forward").instructions):
+        g = kinds.get(i)
+        assert ins.debug_handle == (g.handles[0] if g is not None and g.kind == "kernel" else 0)
+
+
+def _old_forms_load_as_the_same_groups(rec: ETRecord) -> None:
+    """A record written before the handle groups (three tables, 0 for "no handle") reads into the same groups."""
+    def by_id(d):
+        return {m: {str(i): v for i, v in t.items()} for m, t in d.items()}
+
+    hmap = {m: {**t, 99: 0} for m, t in rec.debug_handle_map.items()}  # an instruction without a handle
+    dmap = {m: {i: {"name": e["name"], "delegate_map": [[k, v] for k, v in e["delegate_map"].items()]}
+                for i, e in t.items()} for m, t in rec.delegate_map.items()}
+    old = _rezip(rec.to_bytes(), replace={"debug_handle_map.json": json.dumps(by_id(hmap)).encode()},
+                 add={"delegate_map.json": json.dumps(by_id(dmap)).encode(),
+                      "delegate_outputs.json": json.dumps(by_id(rec.delegate_outputs)).encode(),
+                      "instruction_id_to_num_outs_map.json": b'{"forward": {}}'})
+    back = parse_etrecord(old)
+    assert back.handle_groups == rec.handle_groups
+    assert parse_etrecord(_rezip(old, drop=("delegate_outputs.json",))).delegate_outputs == {"forward": {}}
+    with pytest.raises(ETRecordFormatError) as ei:
+        parse_etrecord(_rezip(old, replace={"delegate_map.json": b'{"forward": {"0": {"name": 1}}}'}))
+    assert ei.value.field == "delegate_map.json"
+
+
+def test_one_handle_parser_refuses_bools_and_zero():
+    from edgetorch.formats.handles import HandleGroup, parse_handle
+
+    assert [parse_handle(h) for h in (3, 0, -1, True, "3", None)] == [3, None, None, None, None, None]
+    g = HandleGroup("delegate_call", 4, (1, 2), None, "b", ((2, 0), None))
+    assert HandleGroup.from_json(json.loads(json.dumps(g.to_json()))) == g
+    for bad in (["kernel", 0, [True], None, None, None], ["kernel", 0, [0], None, None, None],
+                ["in_delegate", 0, [1], None, "b", None], ["kernel", 0, [1], None, None, [[1, 0]]],
+                ["kernel", -1, [1], None, None, None], ["nope", 0, [1], None, None, None]):
+        with pytest.raises(ValueError):
+            HandleGroup.from_json(bad)
+    node = torch.fx.Graph().create_node("call_function", torch.relu)
+    node.meta["custom"] = {"debug_handle": True}
+    assert get_debug_handle(node) is None

@@ -224,3 +224,47 @@ def test_program_constants_segment_is_what_was_perturbed(tmp_path):
     header = pf.read_header(et.buffer)
     at = et.buffer.find(model.fc1.weight.detach().numpy().tobytes())
     assert header.segment_offset <= at < header.segment_offset + header.segment_size
+
+
+def _delegate_etdump() -> bytes:
+    from edgetorch.formats import etdump as ed
+
+    pe = [ed.ProfileEvent("native_call_add.out", instruction_id=0, start_time=1_000, end_time=3_000),
+          ed.ProfileEvent("DELEGATE_CALL", instruction_id=1, start_time=4_000, end_time=10_000),
+          ed.ProfileEvent("", instruction_id=1, delegate_debug_id_int=7, delegate_debug_metadata=b"k=v",
+                          start_time=50, end_time=80)]  # a delegate counting in its own unit (cycles)
+    run = ed.RunData("Execute", "forward", events=[ed.Event(profile_event=p) for p in pe])
+    return ed.serialize_etdump(ed.ETDump(run_data=[run]))
+
+
+def test_delegate_time_converter_and_metadata_parser_apply_to_events_inside_a_delegate():
+    seen = []
+
+    def cycles_to_ms(name, t):
+        seen.append(name)
+        return t / 10.0  # 10 cycles per ms
+
+    insp = Inspector(etdump_data=_delegate_etdump(), delegate_time_scale_converter=cycles_to_ms,
+                     delegate_metadata_parser=lambda b: dict([b.decode().split("=")]))
+    events = {e.name: e for e in insp.event_blocks[0].events}
+    assert events["7"].perf_data.raw == [3.0] and set(seen) == {"7"}  # (80 - 50) / 10, start and end converted
+    assert events["native_call_add.out"].perf_data.raw == [pytest.approx(0.002)]  # ns -> ms, not converted
+    assert events["7"].delegate_debug_metadatas == [{"k": "v"}] and events["7"].raw_delegate_debug_metadatas == [b"k=v"]
+    df = insp.to_dataframe(include_delegate_debug_data=True)
+    assert df.loc[df["event_name"] == "7", "delegate_debug_metadata"].item() == [{"k": "v"}]
+    plain = Inspector(etdump_data=_delegate_etdump())
+    assert {e.name: e for e in plain.event_blocks[0].events}["7"].perf_data.raw == [pytest.approx(30e-6)]
+    with pytest.raises(InspectorError, match="callable"):
+        Inspector(etdump_data=_delegate_etdump(), delegate_metadata_parser="json")
+
+
+def test_module_hierarchy_can_be_turned_off(tmp_path):
+    _, _, rec, _, dump, dbg = _pipeline("small_cnn", str(tmp_path))
+    on = Inspector(etdump_path=dump, etrecord=rec, debug_buffer_path=dbg)
+    off = Inspector(etdump_path=dump, etrecord=rec, debug_buffer_path=dbg, enable_module_hierarchy=False)
+    assert "module_hierarchy" in on.to_dataframe() and "module_hierarchy" not in off.to_dataframe()
+    assert all(not e.module_hierarchy for b in off.event_blocks for e in b.events)
+    assert any(e.op_types for b in off.event_blocks for e in b.events)  # still linked to the record
+    with pytest.raises(InspectorError, match="enable_module_hierarchy"):
+        off.find_total_for_module("conv1")
+    assert on.find_total_for_module("conv1") > 0

@@ -1,12 +1,12 @@
 """ETRecord: the ahead-of-time debug record that links runtime instruction ids back to graph nodes.
 
 ``ETRecord`` holds the ATen and edge programs of every method (with debug handles, stack traces and module
-stacks), the emitter's side tables (instruction id -> debug handle(s), delegate maps, delegate output counts),
-the .pte content hash, and optional representative inputs / reference outputs. Files are a zip of JSON and raw
-tensor bytes (see docs/formats_etrecord.md); reading one never unpickles anything. Parsing is lazy: programs
-are deserialized on first access, while ``reference_graph(method)`` and ``handle_table(method)`` load from
-compact entries in milliseconds, with weights mapped from the file. Containers of types other than the plain
-ones (a Hugging Face ``ModelOutput``, a dataclass, a namedtuple) are stored by name and read back as
+stacks), the handle groups (``formats.handles.HandleGroup``: what each instruction and each op inside a delegate
+covers), the .pte content hash, and optional representative inputs / reference outputs. Files are a zip of JSON
+and raw tensor bytes (see docs/formats.md, "ETRecord"); reading one never unpickles anything. Parsing is lazy:
+programs are deserialized on first access, while ``reference_graph(method)`` and ``handle_table(method)`` load
+from compact entries in milliseconds, with weights mapped from the file. Containers of types other than the
+plain ones (a Hugging Face ``ModelOutput``, a dataclass, a namedtuple) are stored by name and read back as
 ``ForeignContainer`` tuples, so a record loads in a process that never imports the library that defined them.
 """
 
