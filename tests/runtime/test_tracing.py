@@ -455,7 +455,7 @@ def test_a_slow_writer_still_copies_every_tensor_before_the_arena_reuses_it(sink
     kw = dict(debug_buffer_size="auto") if sink == "auto" else dict(debug_buffer_path=tmp_path / "s.bin")
     p, m = net.load(**kw)
     mt = p.tracer._traces["forward"]
-    assert any(need for *_, need in mt.steps)  # this program reuses arena memory while tensors are logged
+    assert any(step.wait_for for step in mt.steps)  # this program reuses arena memory while tensors are logged
     fast_put = p.tracer.sink.put
 
     def slow_put(off, addr, data):

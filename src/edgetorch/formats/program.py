@@ -25,8 +25,8 @@ import flatbuffers
 from edgetorch.formats import symexpr
 from edgetorch.formats._fbread import Table
 from edgetorch.formats._generated import program_generated as fb
-from edgetorch.formats.alignment import ALIGNMENT, align  # also imported from here as pf.align
-from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, storage_nbytes
+from edgetorch.formats.alignment import ALIGNMENT, align, debug_bytes  # also imported from here as pf.align
+from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, code_dtype, storage_nbytes
 from edgetorch.formats.errors import ProgramFormatError
 
 MAGIC = b"EDGTPROG"
@@ -203,6 +203,29 @@ class PlanDef:
     debug_buffer_bytes: int
     symbols: list[SymbolDef] = field(default_factory=list)
     mutable_buffers: list[MutableBufferDef] = field(default_factory=list)
+
+
+def value_nbytes(plan: PlanDef, vid: int) -> int:
+    """The bytes of value ``vid`` when it is a tensor (at the upper bound of a dynamic shape), else 0."""
+    t = plan.values[vid]
+    if not isinstance(t, TensorDef):
+        return 0
+    n = code_dtype(t.scalar_type).itemsize
+    for s in t.sizes:
+        n *= s
+    return n
+
+
+def run_debug_bytes(plan: PlanDef, delegate_bytes: int = 0) -> int:
+    """Debug-buffer bytes one traced run of ``plan`` stores (the one formula, ``alignment.debug_bytes``): its
+    tensor inputs, every output of every non-view instruction (an in-place op logs its slot again), each
+    program output no instruction logs, plus ``delegate_bytes``, what its delegates declare they log."""
+    logged = [o for ins in plan.instructions
+              if not (isinstance(ins.call, KernelCallDef) and ins.call.kind == CALL_VIEW)
+              for o in ins.call.outputs]
+    seen = set(logged)
+    vids = [*plan.inputs, *logged, *(v for v in dict.fromkeys(plan.outputs) if v not in seen)]
+    return debug_bytes(value_nbytes(plan, v) for v in vids) + delegate_bytes
 
 
 @dataclass

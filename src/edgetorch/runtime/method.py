@@ -14,7 +14,10 @@ that export specialised must be passed with the value they were exported with. M
 shapes are reshaped for each call (``runtime._shapes``); mutable buffers live in the ``Program`` (shared by its
 methods) until ``reset()``.
 
-Threads: one ``Method`` runs one call at a time (``execute`` holds a lock: its arena, state and tracer are
+Tools watch a run through one documented hook: an optional ``MethodObserver`` (``runtime.observer``) that the
+run loop calls before and after each instruction; the ETDump tracer is one.
+
+Threads: one ``Method`` runs one call at a time (``execute`` holds a lock: its arena, state and observer are
 shared); load the program twice to run it in parallel.
 """
 
@@ -38,6 +41,7 @@ from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
 from edgetorch.runtime.backend_registry import get_backend
+from edgetorch.runtime.observer import MethodObserver
 from edgetorch.runtime.ops import direct_functional, direct_kernel, resolve_operator
 
 _STATIC_CHECKED = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_MUTABLE)
@@ -90,7 +94,7 @@ class MethodMeta:
 
 @dataclass
 class InstructionInfo:
-    """What the tracer needs to know about one instruction."""
+    """What an observer needs to know about one instruction (``Method.instructions``)."""
 
     index: int
     name: str  # "native_call_addmm.out" or "DELEGATE_CALL"
@@ -133,7 +137,7 @@ class Method:
         self._out_root = _treespec.parse(plan.output_spec, f"{self.name}.output_spec")
         self._kwarg_order = _treespec.kwarg_order(self._in_root)
         self._meta = self._make_meta()
-        self.tracer: Any = None  # set by the program when ETDump is enabled
+        self._observer: MethodObserver | None = None
 
     # -- loading ------------------------------------------------------------------------------------
     def _arena_view(self, dtype: torch.dtype) -> torch.Tensor:
@@ -324,7 +328,7 @@ class Method:
                                                  "DELEGATE", list(c.outputs), d.backend_id))
 
         def call_delegate(backend=backend, handle=handle, inputs=inputs, outputs=outputs):
-            backend.execute(handle, inputs, outputs, self.tracer)
+            backend.execute(handle, inputs, outputs, self._observer)  # the observer's DelegateEvents, if any
         return call_delegate
 
     def _info(self, name: str, v: Any) -> TensorInfo | ValueInfo:
@@ -427,11 +431,7 @@ class Method:
                 self._shapes.bind(flat)
                 self._shapes.apply(self._slots, self._arena_view)
             self._check_and_copy_inputs(flat)
-            tracer = self.tracer
-            if tracer is not None:
-                tracer.run_method(self)
-            else:
-                self._run_fast()
+            self._run(self._observer)
             if not self._shapes_checked:
                 self._check_planned_shapes()
                 self._shapes_checked = True
@@ -469,26 +469,61 @@ class Method:
         """The mutable buffers this method reads and updates (state kept in the program across calls)."""
         return list(self._buffers)
 
-    def _run_fast(self) -> None:
-        k = -1
+    def _run(self, observer: MethodObserver | None) -> None:
+        """The run loop: every instruction that runs (VIEWs ran at load), in order, with the observer's hooks
+        around the run and each instruction (``runtime.observer``). An instruction's error becomes a
+        ``KernelError``; a hook's propagates as it is."""
+        before = after = None
+        if observer is not None:
+            observer.begin_run(self)
+            before, after = observer.before_instruction, observer.after_instruction
+        ok = False
         try:
             for k, call in self._fast:
-                call()
-        except Exception as e:
-            ins = self._plan.instructions[k]
-            raise self._kernel_error(k, ins, ins.node_name, e) from e
+                if before is not None:
+                    before(k)
+                try:
+                    call()
+                except DebugBufferOverflowError:
+                    raise  # the observer's own error (a delegate logging more than the buffer holds)
+                except Exception as e:
+                    raise self._instruction_error(k, e) from e
+                if after is not None:
+                    after(k)
+            ok = True
+        finally:
+            if observer is not None:
+                observer.end_run(self, ok)
+
+    def _instruction_error(self, k: int, e: Exception) -> KernelError:
+        ins = self._plan.instructions[k]
+        return self._kernel_error(k, ins, ins.node_name, e)
 
     def run_instruction(self, k: int) -> None:
-        """Runs one instruction (used by tracers); VIEW instructions are no-ops at run time."""
+        """Runs instruction ``k`` alone, without observer hooks (to step through a method); VIEW instructions
+        are no-ops at run time."""
         call = self._calls[k]
         if call is not None:
             try:
                 call()
             except DebugBufferOverflowError:
-                raise  # the tracer's own error (a delegate logging more than the buffer holds), not the kernel's
+                raise
             except Exception as e:
-                ins = self._plan.instructions[k]
-                raise self._kernel_error(k, ins, ins.node_name, e) from e
+                raise self._instruction_error(k, e) from e
+
+    @property
+    def observer(self) -> MethodObserver | None:
+        """The ``MethodObserver`` whose hooks the run loop calls (None: plain runs)."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer: MethodObserver | None) -> None:
+        with self._lock:  # never in the middle of a run
+            self._observer = observer
+
+    def delegate_handle(self, k: int) -> Any:
+        """The handle its backend's ``init`` returned for the DELEGATE_CALL instruction ``k``."""
+        return self._delegate_handles[k]
 
     def value(self, vid: int) -> Any:
         """The current content of a value slot (tensors alias the arena: copy before the next run)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -60,15 +61,22 @@ class Program:
     def path(self) -> str | None:
         return self._loaded.path
 
-    def load_method(self, name: str) -> Method:
+    def plan(self, name: str) -> pf.PlanDef:
+        """The execution plan of method ``name`` as the file stores it."""
         if name not in self._plans:
             raise MethodNotFoundError(f"program has no method '{name}'; methods: {sorted(self._plans)}")
+        return self._plans[name]
+
+    def load_method(self, name: str) -> Method:
+        """The method ``name``, built on first use; with ETDump enabled, the tracer observes it."""
         m = self._methods.get(name)
         if m is None:
+            plan = self.plan(name)
+            t0 = time.perf_counter_ns()
+            m = Method(self, plan)
+            t1 = time.perf_counter_ns()
             if self._tracer is not None:
-                m = self._tracer.load_method(name)
-            else:
-                m = Method(self, self._plans[name])
+                self._tracer.attach(m, (t0, t1))
             self._methods[name] = m
         return m
 

@@ -2,13 +2,16 @@
 copies every intermediate output into a debug-buffer sink (``BufferSink``: a fixed in-memory buffer;
 ``FileSink``: a stream to a named file, or to an anonymous in-memory file for ``debug_buffer_size="auto"``).
 
-Only imported when ``load_program`` is asked for an ETDump or a debug buffer. Everything that does not depend
-on the inputs is worked out once per method at load time: which instructions to time, which bytes to copy
-from where, and for each copied tensor the first later instruction that overwrites its arena bytes. A traced
-run then adds two clock reads per instruction and, per output tensor, an offset allocation and a queue
-entry: a writer thread copies the bytes into the sink while the next kernels run, and the run only waits for
-it before an instruction that would overwrite bytes not yet copied (and at the end of the run). Events are
-kept as compact per-run records and only turned into ``formats.etdump`` objects by ``etdump()``/``write()``.
+Only imported when ``load_program`` is asked for an ETDump or a debug buffer; the ``Program`` then attaches its
+tracer to every method it builds as the method's ``MethodObserver`` (``runtime.observer``): the method's run
+loop calls the tracer before and after each instruction. Everything that does not depend on the inputs is
+worked out once per method when the tracer attaches: a plan of named steps (``_Step``: which instructions to
+time, which bytes to copy from where, and for each copied tensor the first later instruction that overwrites
+its arena bytes). A traced run then adds two clock reads per instruction and, per output tensor, an offset
+allocation and a queue entry: a writer thread copies the bytes into the sink while the next kernels run, and
+the run only waits for it before an instruction that would overwrite bytes not yet copied (and at the end of
+the run). Events are kept as compact per-run records and only turned into ``formats.etdump`` objects by
+``etdump()``/``write()``.
 """
 
 from __future__ import annotations
@@ -31,20 +34,17 @@ from edgetorch._fileio import atomic_write
 from edgetorch.errors import DebugBufferConfigError, DebugBufferOverflowError, EdgeTorchError
 from edgetorch.formats import etdump as ed
 from edgetorch.formats import program as pf
-from edgetorch.formats.dtypes import code_dtype, contiguous_strides, dtype_code
+from edgetorch.formats.alignment import ALIGNMENT, align, debug_bytes, padding
+from edgetorch.formats.dtypes import contiguous_strides, dtype_code
 from edgetorch.runtime._copy import clone
 from edgetorch.runtime._shapes import SymScalar
 
-ALIGNMENT = ed.DEBUG_BUFFER_ALIGNMENT
 _ZEROS = memoryview(bytes(ALIGNMENT))
 _STATIC_PLACEMENTS = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_ALIAS, pf.PLACEMENT_MUTABLE)
+_clock = time.perf_counter_ns
 _memmove = ctypes.memmove  # releases the GIL while it copies
 MAX_DEBUG_BUFFER_BYTES = 1 << 40  # a fixed buffer beyond 1 TiB is a mistake, not a plan
 ASYNC_MIN_BYTES = 2 << 20  # runs storing less copy inline, without a writer thread
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
 
 
 def _raw_bytes(t: torch.Tensor) -> memoryview:
@@ -122,7 +122,7 @@ class BufferSink(DebugSink):
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._cap = capacity & ~(ALIGNMENT - 1)
+        self._cap = capacity - capacity % ALIGNMENT
         self._used = 0
         self._map: mmap.mmap | None = None
         self._addr = 0
@@ -149,7 +149,7 @@ class BufferSink(DebugSink):
         if pos + nbytes > self._cap:  # only blobs nobody reserved for (delegate outputs, dynamic tensors)
             self.reserve(nbytes, self.method, "an output logged during a run")
         end = pos + nbytes
-        self._used = (end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        self._used = align(end)
         if self._used > end:  # the padding reads as zeros even where an earlier (rewound) run wrote
             ctypes.memset(self._addr + end, 0, self._used - end)
         return pos
@@ -229,7 +229,7 @@ class FileSink(DebugSink):
         pos = self._pos
         if self.limit is not None and pos + nbytes > self.limit:
             self.reserve(nbytes, self.method, "an output logged during a run")
-        self._pos = (pos + nbytes + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+        self._pos = align(pos + nbytes)
         return pos
 
     def put(self, offset: int, address: int, data: memoryview) -> None:
@@ -238,7 +238,7 @@ class FileSink(DebugSink):
                                  f"{self._written} bytes)")
         n = data.nbytes
         self._f.write(data)
-        pad = -n & (ALIGNMENT - 1)
+        pad = padding(n)
         if pad:
             self._f.write(_ZEROS[:pad])
         self._written = offset + n + pad
@@ -386,94 +386,93 @@ class _Out:
     scalar: Any = None  # static non-tensor values
 
 
-def _tensor_bytes(plan: pf.PlanDef, vid: int) -> int:
-    """The 64-byte aligned bytes of value ``vid`` when it is a tensor (its upper bound if dynamic), else 0."""
-    t = plan.values[vid]
-    if not isinstance(t, pf.TensorDef):
-        return 0
-    n = code_dtype(t.scalar_type).itemsize
-    for s in t.sizes:
-        n *= s
-    return _aligned(n)
+@dataclass(eq=False)
+class _Log:
+    """What a traced run does to log one value. A static tensor: ``prepare`` (if any) first copies it into
+    private staging memory, then its ``nbytes`` at ``address`` (``data`` views them) are queued as the run's
+    static blob number ``mark``. A value only known at run time (``data`` None): ``prepare`` logs it."""
+
+    prepare: Callable[[], Any] | None
+    address: int = 0
+    data: memoryview | None = None
+    nbytes: int = 0
+    mark: int = 0
 
 
-def _input_bytes(plan: pf.PlanDef) -> int:
-    """Bytes one run stores for the method's tensor inputs (logged at the start of every run)."""
-    return sum(_tensor_bytes(plan, v) for v in plan.inputs)
+@dataclass(eq=False)
+class _Step:
+    """One instruction of a traced run: its profile event, the values it logs, and the blob mark the writer
+    must have reached before it runs (``wait_for``; 0: no wait), because it overwrites their arena bytes."""
 
-
-def _plan_bytes(plan: pf.PlanDef) -> int:
-    """Bytes one run stores: its tensor inputs, each output of a non-view instruction, plus each program
-    output that is not one of those, 64-byte aligned (``plan.debug_buffer_bytes`` + the inputs when every
-    output comes from a non-view instruction)."""
-    logged = {o for ins in plan.instructions
-              if not (isinstance(ins.call, pf.KernelCallDef) and ins.call.kind == pf.CALL_VIEW)
-              for o in ins.call.outputs}
-    return (_input_bytes(plan) + sum(_tensor_bytes(plan, v) for v in logged)
-            + sum(_tensor_bytes(plan, v) for v in dict.fromkeys(plan.outputs) if v not in logged))
+    instruction: int
+    name: str  # the profile event's name ("native_call_addmm.out", "DELEGATE_CALL")
+    delegate: bool
+    outs: list[_Out] = field(default_factory=list)
+    logs: list[_Log] = field(default_factory=list)
+    wait_for: int = 0
 
 
 class _MethodTrace:
-    """What a traced run of one method does, worked out once: the instructions to time (VIEW instructions
-    ran at load and are skipped) and, per logged value, the bytes to copy and the event to record.
-
-    ``steps`` holds ``(instruction id, runner, actions, need)``: before the instruction runs, the writer must
-    have stored the static blobs up to mark ``need`` (0: no wait), because the instruction overwrites their
-    arena bytes. Each action is ``(pre, address, data, nbytes, mark)``: ``pre`` (if any) runs first (a copy
-    into private staging memory, or the logging of a value only known at run time), then a blob of
-    ``nbytes`` at ``address`` is queued (when ``data`` is not None).
-    """
+    """What a traced run of one method does, worked out once when the tracer attaches: a ``_Step`` per
+    instruction that runs (VIEW instructions ran at load), the program outputs to log, and ``run_bytes``, what
+    one run stores in the debug buffer (``formats.alignment.debug_bytes`` of every tensor it logs, plus what
+    its delegates declare)."""
 
     def __init__(self, tracer: ProgramTracer, method: Any, log_values: bool) -> None:
         self.method = method
         self.name = method.name
-        plan = method.plan
-        self.infos = [i for i in sorted(method.instructions, key=lambda i: i.index) if i.kind != "VIEW"]
-        self.outs: list[list[_Out]] = []
-        self.run_bytes = 0
+        self.steps = [_Step(i.index, i.name, i.kind == "DELEGATE")
+                      for i in sorted(method.instructions, key=lambda i: i.index) if i.kind != "VIEW"]
+        self.by_instruction: list[_Step | None] = [None] * len(method.plan.instructions)
+        for step in self.steps:
+            self.by_instruction[step.instruction] = step
+        self.program_outs: list[_Out] = []
+        self.out_logs: list[_Log] = []
         self.num_slots = 0
+        self._sizes: list[int] = []  # bytes of every tensor a run logs (upper bounds for dynamic ones)
         self._slot_of: dict[int, int] = {}  # vid -> offsets slot of a stored instruction output
         self._staging: list[torch.Tensor] = []
         # per static blob: (step that produced it, [lo, hi) source address range or None if private)
         self._blobs: list[tuple[int, tuple[int, int] | None]] = []
-        actions_per: list[list] = []
-        for i, info in enumerate(self.infos):
-            outs: list[_Out] = []
-            actions: list = []
-            if log_values:
-                for j, vid in enumerate(info.outputs):
-                    outs.append(self._out(tracer, i, j, vid, info.node_name, info.index, actions))
-            self.outs.append(outs)
-            actions_per.append(actions)
-        self.program_outs: list[_Out] = []
-        self.out_actions: list = []
+        self.run_bytes = 0
         if log_values:
-            names = plan.output_names
-            for j, vid in enumerate(plan.outputs):
-                name = names[j] if j < len(names) else f"output_{j}"
-                slot = self._slot_of.get(vid)
-                if slot is not None:  # the bytes logged after the instruction that wrote it (still live)
-                    first = next(o for outs in self.outs for o in outs if o.slot == slot)
-                    self.program_outs.append(_Out(j, vid, name, False, first.template, slot))
-                else:
-                    self.program_outs.append(self._out(tracer, len(self.infos), j, vid, name, -1,
-                                                       self.out_actions))
-        if log_values:  # the inputs, logged first in every run
-            self.run_bytes += _input_bytes(plan)
-        if log_values:  # what delegates say one traced run of theirs logs is reserved with the rest
-            for info in self.infos:
-                if info.kind == "DELEGATE":
-                    extra = getattr(method._delegate_handles.get(info.index), "debug_buffer_bytes", None)
-                    if isinstance(extra, int) and extra > 0:
-                        self.run_bytes += extra
-        needs = self._needs() if log_values else [0] * len(self.infos)
-        run = method.run_instruction
-        self.steps: list[tuple[int, Callable[[int], None], list, int]] = []
-        for info, actions, need in zip(self.infos, actions_per, needs):
-            runner = functools.partial(tracer._run_delegate, run) if info.kind == "DELEGATE" else run
-            self.steps.append((info.index, runner, actions, need))
+            self._plan_logs(tracer)
+            self.run_bytes = debug_bytes(self._sizes) + self._delegate_bytes()
+            for step, need in zip(self.steps, self._needs()):
+                step.wait_for = need
 
-    def _out(self, tracer: ProgramTracer, step: int, j: int, vid: int, name: str, k: int, actions: list) -> _Out:
+    def _plan_logs(self, tracer: ProgramTracer) -> None:
+        """Plans the logging of the inputs (bytes only: logged at the start of every run), of every output of
+        every step, and of the program outputs."""
+        m = self.method
+        plan = m.plan
+        self._sizes.extend(pf.value_nbytes(plan, v) for v in plan.inputs)
+        outputs = {i.index: i for i in m.instructions}
+        for i, step in enumerate(self.steps):
+            info = outputs[step.instruction]
+            for j, vid in enumerate(info.outputs):
+                step.outs.append(self._out(tracer, i, j, vid, info.node_name, step.instruction, step.logs))
+        names = plan.output_names
+        for j, vid in enumerate(plan.outputs):
+            name = names[j] if j < len(names) else f"output_{j}"
+            slot = self._slot_of.get(vid)
+            if slot is not None:  # the bytes logged after the instruction that wrote it (still live)
+                first = next(o for step in self.steps for o in step.outs if o.slot == slot)
+                self.program_outs.append(_Out(j, vid, name, False, first.template, slot))
+            else:
+                self.program_outs.append(self._out(tracer, len(self.steps), j, vid, name, -1, self.out_logs))
+
+    def _delegate_bytes(self) -> int:
+        """What the delegates say one traced run of theirs logs (``debug_buffer_bytes`` of their handles)."""
+        total = 0
+        for step in self.steps:
+            if step.delegate:
+                extra = getattr(self.method.delegate_handle(step.instruction), "debug_buffer_bytes", None)
+                if isinstance(extra, int) and extra > 0:
+                    total += extra
+        return total
+
+    def _out(self, tracer: ProgramTracer, step: int, j: int, vid: int, name: str, k: int, logs: list[_Log]) -> _Out:
         m = self.method
         v = m.plan.values[vid]
         cur = m.value(vid)
@@ -481,41 +480,46 @@ class _MethodTrace:
             if isinstance(v, pf.TensorDef) else False  # shapes set per run: logged as they are after the op
         if isinstance(v, pf.TensorDef) and v.placement in _STATIC_PLACEMENTS and isinstance(cur, torch.Tensor) \
                 and not reshaped:
-            sizes = list(cur.shape)
-            nbytes = cur.numel() * cur.element_size()
-            o = _Out(j, vid, name, False, ed.Tensor(dtype_code(cur.dtype), sizes, contiguous_strides(sizes),
-                                                     ed.NO_OFFSET, nbytes))
-            if nbytes:
-                o.slot = self.num_slots
-                self.num_slots += 1
-                self._slot_of[vid] = o.slot  # the last writer: an in-place op rewrites its input's slot
-                self.run_bytes += _aligned(nbytes)
-                mark = len(self._blobs) + 1
-                if cur.is_contiguous():
-                    actions.append((None, cur.data_ptr(), _raw_bytes(cur), nbytes, mark))
-                    self._blobs.append((step, _span(cur)))
-                else:  # copied into private staging memory first (kept until the run's end)
-                    stage = torch.empty(nbytes, dtype=torch.uint8)
-                    self._staging.append(stage)
-                    dst = stage.view(cur.dtype).view(cur.shape)
-                    actions.append((functools.partial(dst.copy_, cur), stage.data_ptr(), _raw_bytes(stage),
-                                    nbytes, mark))
-                    self._blobs.append((step, None))
-            return o
+            return self._static_out(step, j, vid, name, cur, logs)
         if isinstance(v, pf.TensorDef) or isinstance(cur, (torch.Tensor, list, tuple)):
             if reshaped:  # reserved at its upper bound, so a fixed buffer sized by run_bytes never overflows
-                self.run_bytes += _aligned(v.nbytes)
-            actions.append((functools.partial(tracer._log_dynamic, self, k, j, vid, name), 0, None, 0, 0))
+                self._sizes.append(v.nbytes)
+            logs.append(_Log(functools.partial(tracer._log_dynamic, self, k, j, vid, name)))
             return _Out(j, vid, name, True)
         return _Out(j, vid, name, False, scalar=cur)
+
+    def _static_out(self, step: int, j: int, vid: int, name: str, cur: torch.Tensor, logs: list[_Log]) -> _Out:
+        """A tensor with fixed storage: its bytes are queued right after the step that wrote them."""
+        sizes = list(cur.shape)
+        nbytes = cur.numel() * cur.element_size()
+        o = _Out(j, vid, name, False, ed.Tensor(dtype_code(cur.dtype), sizes, contiguous_strides(sizes),
+                                                 ed.NO_OFFSET, nbytes))
+        if not nbytes:
+            return o
+        o.slot = self.num_slots
+        self.num_slots += 1
+        self._slot_of[vid] = o.slot  # the last writer: an in-place op rewrites its input's slot
+        self._sizes.append(nbytes)
+        mark = len(self._blobs) + 1
+        if cur.is_contiguous():
+            logs.append(_Log(None, cur.data_ptr(), _raw_bytes(cur), nbytes, mark))
+            self._blobs.append((step, _span(cur)))
+        else:  # copied into private staging memory first (kept until the run's end)
+            stage = torch.empty(nbytes, dtype=torch.uint8)
+            self._staging.append(stage)
+            dst = stage.view(cur.dtype).view(cur.shape)
+            logs.append(_Log(functools.partial(dst.copy_, cur), stage.data_ptr(), _raw_bytes(stage), nbytes, mark))
+            self._blobs.append((step, None))
+        return o
 
     def _needs(self) -> list[int]:
         """For each step, the blob mark the writer must have reached before it runs: a blob's deadline is
         the first later step writing to an address range that overlaps its source bytes."""
         written: list[list[tuple[int, int]]] = []
-        for info in self.infos:
+        outputs = {i.index: i.outputs for i in self.method.instructions}
+        for step in self.steps:
             spans = []
-            for vid in info.outputs:
+            for vid in outputs[step.instruction]:
                 t = self.method.value(vid)
                 if isinstance(t, torch.Tensor) and t.numel():
                     spans.append(_span(t))
@@ -549,48 +553,38 @@ class _MethodTrace:
 class _ExecRun:
     trace: _MethodTrace
     bundled_input_index: int
-    times: list[int] = field(default_factory=list)  # (start, end) per instruction, in instruction order
+    times: list[int] = field(default_factory=list)  # (start, end) per step, in step order
     offsets: list[int] = field(default_factory=list)  # one per stored static tensor, in logging order
     extra: dict[int, list[ed.Event]] = field(default_factory=dict)  # instruction id -> delegate/dynamic events
     inputs: list[ed.Event] = field(default_factory=list)  # one debug event per method input
     start: int = 0
     end: int = 0
 
+    def _debug(self, o: _Out, chain: int, k: int, output: bool) -> ed.Event:
+        """The debug event of a value with a static plan (dynamic ones were recorded in ``extra``)."""
+        if o.template is not None:
+            t = o.template
+            off = self.offsets[o.slot] if o.slot >= 0 else ed.NO_OFFSET
+            value = ed.Value(ed.ValueType.Tensor, tensor=ed.Tensor(t.scalar_type, t.sizes, t.strides, off, t.nbytes),
+                             output=output)
+        else:
+            value = _scalar_value(o.scalar)
+            value.output = output
+        return ed.Event(debug_event=ed.DebugEvent(chain, k, -1, "", value, o.index, o.name))
+
     def to_run_data(self) -> ed.RunData:
-        mt, times, offsets = self.trace, self.times, self.offsets
-        events: list[ed.Event] = []
-        add = events.append
-
-        def debug(o: _Out, chain: int, k: int, output: bool) -> None:
-            if o.dynamic:
-                return  # recorded while running, in ``extra``
-            if o.template is not None:
-                t = o.template
-                off = offsets[o.slot] if o.slot >= 0 else ed.NO_OFFSET
-                value = ed.Value(ed.ValueType.Tensor, tensor=ed.Tensor(t.scalar_type, t.sizes, t.strides, off,
-                                                                       t.nbytes), output=output)
-            else:
-                value = _scalar_value(o.scalar)
-                value.output = output
-            add(ed.Event(debug_event=ed.DebugEvent(chain, k, -1, "", value, o.index, o.name)))
-
-        events.extend(self.inputs)
-        for i, info in enumerate(mt.infos):
-            k = info.index
-            add(ed.Event(profile_event=ed.ProfileEvent(info.name, 0, k, start_time=times[2 * i],
-                                                       end_time=times[2 * i + 1])))
-            extra = self.extra.get(k)
-            if extra:
-                events.extend(extra)
-            for o in mt.outs[i]:
-                debug(o, 0, k, False)
-        for o in mt.program_outs:
-            debug(o, -1, -1, True)
-        extra = self.extra.get(-1)
-        if extra:
-            events.extend(extra)
-        add(ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_EXECUTE, -1, -1, start_time=self.start,
-                                                   end_time=self.end)))
+        mt, times = self.trace, self.times
+        events: list[ed.Event] = list(self.inputs)
+        for i, step in enumerate(mt.steps):
+            k = step.instruction
+            events.append(ed.Event(profile_event=ed.ProfileEvent(step.name, 0, k, start_time=times[2 * i],
+                                                                 end_time=times[2 * i + 1])))
+            events.extend(self.extra.get(k, ()))
+            events.extend(self._debug(o, 0, k, False) for o in step.outs if not o.dynamic)
+        events.extend(self._debug(o, -1, -1, True) for o in mt.program_outs if not o.dynamic)
+        events.extend(self.extra.get(-1, ()))
+        events.append(ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_EXECUTE, -1, -1, start_time=self.start,
+                                                             end_time=self.end)))
         return ed.RunData(ed.EXECUTE_BLOCK, mt.name, self.bundled_input_index, events)
 
 
@@ -608,14 +602,30 @@ def _scalar_value(v: Any) -> ed.Value:
     raise TypeError(f"cannot log a value of type {type(v).__name__} in an ETDump")
 
 
+def _no_stamp(t: int) -> None:
+    pass
+
+
+def _stop(writer: _Writer | _InlineWriter) -> None:
+    """Ends a failed run's writer; its own error, if any, is dropped for the run's."""
+    try:
+        writer.finish()
+    except BaseException:
+        pass
+
+
 # ----------------------------------------------------------------------------------------------
 # The tracer
 # ----------------------------------------------------------------------------------------------
 
 class ProgramTracer:
-    """Records an ETDump for one loaded program: a "load" block per ``load_method`` and an "Execute" block
-    per ``Method.execute``, with a profile event per instruction and, when a debug buffer is configured, a
-    debug event per instruction output and per program output (tensor bytes go to the sink).
+    """Records an ETDump for one loaded program: a "load" block per method it attaches to and an "Execute"
+    block per ``Method.execute``, with a profile event per instruction and, when a debug buffer is configured,
+    a debug event per instruction output and per program output (tensor bytes go to the sink).
+
+    It is the ``MethodObserver`` (``runtime.observer``) of every method of its program, and the
+    ``DelegateEvents`` a backend is handed while its DELEGATE_CALL runs. It reads only public ``Method`` and
+    ``Program`` API.
 
     ``debug_buffer_size``: 0 (profiling only), an int (fixed in-memory buffer of that many bytes, kept across
     runs until full) or "auto" (in memory, grows by what each run needs). ``debug_buffer_path``: stream the
@@ -629,11 +639,19 @@ class ProgramTracer:
         self._traces: dict[str, _MethodTrace] = {}
         self._runs: list[_ExecRun | ed.RunData] = []
         self._bundled_input_index = -1
-        self._run: _ExecRun | None = None  # the run in progress
-        self._writer: _Writer | _InlineWriter | None = None  # its debug-buffer writer
-        self._delegate_k = -1  # instruction id of the DELEGATE_CALL in progress
-        self._lent: dict[int, tuple[int, int]] = {}  # data_ptr -> (offset, nbytes) lent to a delegate this run
         self.run_id = ed.new_run_id()  # identity of this recording: in the ETDump and the debug buffer trailer
+        self._lent: dict[int, tuple[int, int]] = {}  # data_ptr -> (offset, nbytes) lent to a delegate this run
+        self._idle()
+
+    def _idle(self) -> None:
+        """No run in progress: forgets the state of the last one."""
+        self._run: _ExecRun | None = None
+        self._stamp: Callable[[int], None] = _no_stamp  # appends a clock read to the run's times
+        self._steps: list[_Step | None] = []  # the running method's steps, by instruction id
+        self._writer: _Writer | _InlineWriter | None = None  # the running debug-buffer writer
+        self._mark = 0  # the sink's used bytes when the run began (a failed run rolls back to it)
+        self._delegate_k = -1  # instruction id of the DELEGATE_CALL in progress
+        self._lent.clear()
 
     # -- configuration ------------------------------------------------------------------------------
     @property
@@ -651,116 +669,104 @@ class ProgramTracer:
     def required_debug_buffer_bytes(self, method_name: str) -> int:
         """Bytes one run of ``method_name`` stores in the debug buffer: every output of every non-view
         instruction, plus the program outputs not among them, plus what its delegates declare they log
-        (``debug_buffer_bytes`` of their handles; known once the method is loaded), each 64-byte aligned. A
-        fixed ``debug_buffer_size`` must be at least runs x this."""
+        (``debug_buffer_bytes`` of their handles; known once the method is loaded), each 64-byte aligned
+        (``formats.alignment.debug_bytes``). A fixed ``debug_buffer_size`` must be at least runs x this."""
         mt = self._traces.get(method_name)
         if mt is not None:
             return mt.run_bytes
-        plans = self._program._plans
-        if method_name not in plans:
-            raise KeyError(f"program has no method '{method_name}'; methods: {sorted(plans)}")
-        return _plan_bytes(plans[method_name])
+        return pf.run_debug_bytes(self._program.plan(method_name))
 
-    # -- loading -------------------------------------------------------------------------------------
-    def load_method(self, name: str) -> Any:
-        """Builds the ``Method`` (recording "Method::init" and "Program::load_method" in a "load" block)."""
-        from edgetorch.runtime.method import Method
-
-        clock = time.perf_counter_ns
-        t0 = clock()
-        plan = self._program._plans[name]
-        t1 = clock()
-        method = Method(self._program, plan)
-        t2 = clock()
-        method.tracer = self
-        self._traces[name] = _MethodTrace(self, method, self._sink is not None)
-        t3 = clock()
-        self._runs.append(ed.RunData(ed.LOAD_BLOCK, name, -1, [
-            ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_INIT, start_time=t1, end_time=t2)),
-            ed.Event(profile_event=ed.ProfileEvent(ed.PROGRAM_LOAD_METHOD, start_time=t0, end_time=t3)),
-        ]))
-        return method
+    # -- attaching -----------------------------------------------------------------------------------
+    def attach(self, method: Any, init_span: tuple[int, int] | None = None) -> None:
+        """Becomes ``method``'s observer, planning what its runs log. ``init_span``: the ``perf_counter_ns``
+        interval its construction took, recorded as a "load" block ("Method::init", and "Program::load_method"
+        from its start to the end of this call)."""
+        mt = _MethodTrace(self, method, self._sink is not None)
+        self._traces[method.name] = mt
+        method.observer = self
+        if init_span is not None:
+            t0, t1 = init_span
+            self._runs.append(ed.RunData(ed.LOAD_BLOCK, method.name, -1, [
+                ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_INIT, start_time=t0, end_time=t1)),
+                ed.Event(profile_event=ed.ProfileEvent(ed.PROGRAM_LOAD_METHOD, start_time=t0,
+                                                       end_time=time.perf_counter_ns())),
+            ]))
 
     def _trace_for(self, method: Any) -> _MethodTrace:
         mt = self._traces.get(method.name)
-        if mt is None or mt.method is not method:  # a Method built elsewhere and handed this tracer
-            mt = _MethodTrace(self, method, self._sink is not None)
-            self._traces[method.name] = mt
+        if mt is None or mt.method is not method:  # a Method made the observer by hand
+            mt = self._traces[method.name] = _MethodTrace(self, method, self._sink is not None)
         return mt
 
-    # -- running -------------------------------------------------------------------------------------
-    def run_method(self, method: Any) -> None:
-        """Runs every instruction of ``method`` (inputs already copied in), recording one "Execute" block."""
+    # -- MethodObserver ------------------------------------------------------------------------------
+    def begin_run(self, method: Any) -> None:
+        """Starts an "Execute" block: reserves the run's bytes (or raises ``DebugBufferOverflowError`` before
+        anything is stored), starts the writer and logs the inputs."""
         mt = self._trace_for(method)
-        sink = self._sink
         run = _ExecRun(mt, self._bundled_input_index)
-        ta = run.times.append
-        clock = time.perf_counter_ns
-        if sink is None:
-            self._run = run
-            try:
-                run.start = clock()
-                for k, runner, _actions, _need in mt.steps:
-                    t0 = clock()
-                    runner(k)
-                    t1 = clock()
-                    ta(t0)
-                    ta(t1)
-                run.end = clock()
-            finally:
-                self._run = None
-                self._delegate_k = -1
-            self._runs.append(run)
-            return
-        sink.method = mt.name
-        sink.reserve(mt.run_bytes, mt.name)  # raises before anything of this run is allocated
-        mark = sink.used_bytes
-        oa = run.offsets.append
-        alloc = sink.alloc
-        writer = self._writer = _Writer(sink) if mt.run_bytes >= ASYNC_MIN_BYTES else _InlineWriter(sink)
-        qput = writer.q.put
-        self._run = run
+        sink = self._sink
+        if sink is not None:
+            sink.method = mt.name
+            sink.reserve(mt.run_bytes, mt.name)  # raises before anything of this run is allocated
+            self._mark = sink.used_bytes
+            self._writer = _Writer(sink) if mt.run_bytes >= ASYNC_MIN_BYTES else _InlineWriter(sink)
+        self._run, self._steps, self._stamp = run, mt.by_instruction, run.times.append
         try:
-            self._log_inputs(mt, run)
-            run.start = clock()
-            for k, runner, actions, need in mt.steps:
-                if need and writer.done < need:
-                    writer.wait(need)
-                t0 = clock()
-                runner(k)
-                t1 = clock()
-                ta(t0)
-                ta(t1)
-                for pre, addr, data, n, m in actions:
-                    if pre is not None:
-                        pre()
-                    if data is not None:
-                        off = alloc(n)
-                        oa(off)
-                        qput((off, addr, data, None, m))
-            for pre, addr, data, n, m in mt.out_actions:
-                if pre is not None:
-                    pre()
-                if data is not None:
-                    off = alloc(n)
-                    oa(off)
-                    qput((off, addr, data, None, m))
-            self._writer = None
-            writer.finish()
-            run.end = clock()
+            if sink is not None:
+                self._log_inputs(mt, run)
         except BaseException:
-            self._writer = None
-            try:
+            self.end_run(method, False)
+            raise
+        run.start = time.perf_counter_ns()
+
+    def before_instruction(self, k: int) -> None:
+        step = self._steps[k]
+        need = step.wait_for
+        if need and self._writer.done < need:
+            self._writer.wait(need)  # the instruction overwrites arena bytes not yet copied
+        if step.delegate:
+            self._delegate_k = k
+        self._stamp(_clock())
+
+    def after_instruction(self, k: int) -> None:
+        self._stamp(_clock())
+        step = self._steps[k]
+        if step.delegate:
+            self._delegate_k = -1
+        if step.logs:
+            self._log(step.logs)
+
+    def end_run(self, method: Any, ok: bool) -> None:
+        """Logs the program outputs and waits for the writer (a successful run), or drops everything the run
+        stored (a failed one); then records the block."""
+        run, writer = self._run, self._writer
+        try:
+            if ok and writer is not None:
+                self._log(run.trace.out_logs)
+                self._writer = None
                 writer.finish()
-            except BaseException:
-                pass
-            sink.rollback(mark)
+            run.end = time.perf_counter_ns()
+        except BaseException:
+            ok = False
             raise
         finally:
-            self._run = None
-            self._delegate_k = -1
-            self._lent.clear()
-        self._runs.append(run)
+            if not ok and writer is not None:
+                _stop(writer)
+                self._sink.rollback(self._mark)
+            self._idle()
+        if ok:
+            self._runs.append(run)
+
+    def _log(self, logs: list[_Log]) -> None:
+        """Runs a step's logs: static blobs get their offset and are queued for the writer."""
+        alloc, offsets, qput = self._sink.alloc, self._run.offsets, self._writer.q.put
+        for lg in logs:
+            if lg.prepare is not None:
+                lg.prepare()
+            if lg.data is not None:
+                off = alloc(lg.nbytes)
+                offsets.append(off)
+                qput((off, lg.address, lg.data, None, lg.mark))
 
     def _log_inputs(self, mt: _MethodTrace, run: _ExecRun) -> None:
         """Logs the method's flat inputs of this call (copied in already) as ``input:<name>`` debug events."""
@@ -772,13 +778,6 @@ class ProgramTracer:
             name = ed.INPUT_EVENT_PREFIX + (names[j] if j < len(names) else f"input_{j}")
             run.inputs.append(ed.Event(debug_event=ed.DebugEvent(
                 ed.INPUT_INSTRUCTION_ID, ed.INPUT_INSTRUCTION_ID, -1, "", self._value(v), j, name)))
-
-    def _run_delegate(self, run_instruction: Callable[[int], None], k: int) -> None:
-        self._delegate_k = k
-        try:
-            run_instruction(k)
-        finally:
-            self._delegate_k = -1
 
     def _store(self, t: torch.Tensor, snapshot: bool = True) -> ed.Tensor:
         """Queues a copy of a tensor only known at run time. ``snapshot``: copy it first (single-threaded)
