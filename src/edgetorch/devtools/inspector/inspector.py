@@ -91,10 +91,8 @@ class Inspector:
         self._check_hashes()
         self.source_time_scale = source_time_scale
         self.target_time_scale = target_time_scale
-        for what, f in (("delegate_metadata_parser", delegate_metadata_parser),
-                        ("delegate_time_scale_converter", delegate_time_scale_converter)):
-            if f is not None and not callable(f):
-                raise InspectorError(f"{what} must be callable, got {type(f).__name__}")
+        _check_callables(delegate_metadata_parser=delegate_metadata_parser,
+                         delegate_time_scale_converter=delegate_time_scale_converter)
         self.delegate_metadata_parser = delegate_metadata_parser
         self.delegate_time_scale_converter = delegate_time_scale_converter
         self.enable_module_hierarchy = bool(enable_module_hierarchy)
@@ -107,15 +105,7 @@ class Inspector:
         self.last_gap_coverage: Coverage | None = None
         #: per delegate call that measured it: how much exposing its intermediates changed its final outputs
         self.observer_effects: list[ObserverEffect] = observer_effects(self.event_blocks)
-        for oe in self.observer_effects:
-            if oe.exceeds_tolerance:
-                warnings.warn(
-                    f"observer effect: in method '{oe.method}', exposing the intermediates of the delegate call at "
-                    f"instruction {oe.instruction_id} ({oe.delegate_backend_name or 'backend unknown'}) changed "
-                    f"its final outputs by up to {oe.max:.3g} relative (tolerance "
-                    f"{ed.OBSERVER_EFFECT_TOLERANCE:g}): the backend fused differently when observed, so the "
-                    "inside-delegate values are not exactly what a plain run computes; gaps of ops it would "
-                    "have fused show the observed variant", ObserverEffectWarning, stacklevel=2)
+        _warn_observer_effects(self.observer_effects)
 
     # -- loading -------------------------------------------------------------------------------------------
     @staticmethod
@@ -172,38 +162,31 @@ class Inspector:
         return self._handle_nodes[method]
 
     def _associate(self) -> None:
-        """Gives every event its handle group (by instruction id and delegate debug id) and the ops, stack traces
-        and module paths of the edge nodes the group's handles name."""
-        rec = self._etrecord
+        """Gives every event its handle group, found by (instruction id, delegate debug id), then links it."""
         for block in self.event_blocks:
-            groups = {g.key: g for g in (rec.handle_groups or {}).get(block.method, [])}
-            nodes_by_h = self._nodes_by_handle(block.method)
+            groups = {g.key: g for g in (self._etrecord.handle_groups or {}).get(block.method, [])}
+            nodes = self._nodes_by_handle(block.method)
             for ev in block.events:
-                if ev.instruction_id is None or ev.name in FRAMEWORK_EVENTS:
-                    continue
                 did = ev.delegate_debug_identifier if ev.is_delegated_op else None
-                g = groups.get((ev.instruction_id, did))
-                if g is None and did is not None:  # a backend may log an int id the record keeps as a string
-                    g = groups.get((ev.instruction_id, str(did)))
-                if g is not None:
-                    self._link(ev, g, nodes_by_h)
-            refs = (rec.reference_outputs or {}).get(block.method)
+                g = groups.get((ev.instruction_id, did)) or (did is not None and groups.get((ev.instruction_id,
+                                                                                             str(did))))
+                if g and ev.name not in FRAMEWORK_EVENTS:
+                    self._link(ev, g, nodes)
+            refs = (self._etrecord.reference_outputs or {}).get(block.method)
             if refs and block.bundled_input_index is not None and block.bundled_input_index < len(refs):
                 block.reference_output = refs[block.bundled_input_index]
 
     def _link(self, ev: Event, g: HandleGroup, nodes_by_h: dict[int, list[Any]]) -> None:
-        ev.handle_group = g
+        """The event's handles, backend, and the ops, stack traces and module paths of the nodes they name."""
+        ev.handle_group, ev.delegate_backend_name = g, g.backend
         ev.debug_handles = g.handles[0] if g.kind == KERNEL else list(g.handles)
-        ev.delegate_backend_name = g.backend
-        if g.kind == DELEGATE_CALL and g.outputs is not None:
-            ev.num_outputs = len(g.outputs)
-        for h in g.handles:
-            for n in nodes_by_h.get(h, []):
-                ev.op_types.append(n.op)
-                if n.stack_trace:
-                    ev.stack_traces.setdefault(n.name, n.stack_trace)
-                if n.nn_module_stack is not None and self.enable_module_hierarchy:
-                    ev.module_hierarchy.setdefault(n.name, n.nn_module_stack)
+        ev.num_outputs = len(g.outputs) if g.kind == DELEGATE_CALL and g.outputs is not None else ev.num_outputs
+        for n in (n for h in g.handles for n in nodes_by_h.get(h, [])):
+            ev.op_types.append(n.op)
+            if n.stack_trace:
+                ev.stack_traces.setdefault(n.name, n.stack_trace)
+            if n.nn_module_stack is not None and self.enable_module_hierarchy:
+                ev.module_hierarchy.setdefault(n.name, n.nn_module_stack)
 
     # -- tables --------------------------------------------------------------------------------------------
     def to_dataframe(self, include_units: bool = True, include_delegate_debug_data: bool = False) -> pd.DataFrame:
@@ -463,6 +446,24 @@ class Inspector:
     def __repr__(self) -> str:
         return (f"Inspector(methods={self.methods}, blocks={len(self.event_blocks)}, "
                 f"etrecord={'yes' if self._etrecord is not None else 'no'})")
+
+
+def _check_callables(**functions: Any) -> None:
+    for what, f in functions.items():
+        if f is not None and not callable(f):
+            raise InspectorError(f"{what} must be callable, got {type(f).__name__}")
+
+
+def _warn_observer_effects(effects: list[ObserverEffect]) -> None:
+    for oe in effects:
+        if oe.exceeds_tolerance:
+            warnings.warn(
+                f"observer effect: in method '{oe.method}', exposing the intermediates of the delegate call at "
+                f"instruction {oe.instruction_id} ({oe.delegate_backend_name or 'backend unknown'}) changed "
+                f"its final outputs by up to {oe.max:.3g} relative (tolerance "
+                f"{ed.OBSERVER_EFFECT_TOLERANCE:g}): the backend fused differently when observed, so the "
+                "inside-delegate values are not exactly what a plain run computes; gaps of ops it would "
+                "have fused show the observed variant", ObserverEffectWarning, stacklevel=3)
 
 
 def _exact_rows(df: pd.DataFrame) -> pd.Series:
