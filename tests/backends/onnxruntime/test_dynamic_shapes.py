@@ -142,7 +142,7 @@ def test_shape_expressions_bind_and_evaluate():
 def _exposed_bytes(h: OrtDelegate, s: int) -> int:
     """Aligned bytes of the exposed values in a debug run at length ``s``, as ORT computes them."""
     sess = h.debug_session()
-    res = sess.run(h._debug_outputs, {h.input_names[0]: np.random.randn(1, s, 32).astype(np.float32)})
+    res = sess.run(h._debug_outputs, h.debug_feeds([np.random.randn(1, s, 32).astype(np.float32)]))
     by_name = dict(zip(h._debug_outputs, res))
     return sum((by_name[n].nbytes + 63) // 64 * 64 for n in h.intermediates)
 
@@ -155,7 +155,7 @@ def test_debug_bytes_are_those_of_the_longest_run(tiny):
 
 def test_debug_runs_lend_memory_and_log_values_at_this_runs_shapes(tiny):
     model, edge, _, _, blob = tiny
-    h = OrtDelegate(blob, {})
+    h = OrtDelegate(blob, {"observer_effect": b"every"})  # the plain session checks the exposing one at each shape
     dmap = _blob.unpack(blob).header["values"]
     (out_store,) = upper_bound_storage(h)
     tracer = LendingTracer()

@@ -185,9 +185,10 @@ class OrtPartitioner(Partitioner):
     (names in ``ops.KEEP_WHOLE``: "linear", "layer_norm", "scaled_dot_product_attention").
     ``min_compute_ops``: partitions with fewer non-view ops are dropped.
     ``intra_op_num_threads`` (0: ``torch.get_num_threads()`` at load), ``profile_ops`` ("off" / "first" /
-    "every": which traced runs get per-op ORT profiler events), ``observer_effect`` ("every" / "first" /
+    "every": which traced runs get per-op ORT profiler events), ``observer_effect`` ("first" / "every" /
     "off": which debug runs also run the plain session and compare its final outputs with the exposing
-    session's), ``exporter`` ("fast" / "torch.onnx"), ``onnx_optimize`` (onnxscript optimizer after export),
+    session's; "first": the first debug run of each delegate), ``exporter`` ("fast" / "torch.onnx"),
+    ``onnx_optimize`` (onnxscript optimizer after export),
     ``allow_spinning`` (ORT threads spin-wait between runs; off by default: spinning threads starve the torch
     kernels that run between partitions) and ``compile_specs`` (raw extra specs) become the
     delegate's compile specs (only values differing from the defaults are stored).
@@ -197,7 +198,7 @@ class OrtPartitioner(Partitioner):
                  exclude_module_paths: Iterable[str] = (), graph_optimization_level: str = "ORT_ENABLE_ALL",
                  fallback_unsupported: bool = True, extra_ops: Iterable[object] = (),
                  keep_whole: Iterable[str] = (), min_compute_ops: int = 1, intra_op_num_threads: int = 0,
-                 profile_ops: str = "first", observer_effect: str = "every", exporter: str = "fast",
+                 profile_ops: str = "first", observer_effect: str = "first", exporter: str = "fast",
                  onnx_optimize: bool = False, allow_spinning: bool = False,
                  compile_specs: dict[str, bytes] | None = None) -> None:
         if graph_optimization_level not in _LEVELS:

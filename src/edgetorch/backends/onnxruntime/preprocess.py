@@ -51,7 +51,7 @@ COMPILE_SPEC_DEFAULTS: dict[str, str] = {
     "exporter": "fast",  # or "torch.onnx"
     "onnx_optimize": "0",  # run the onnxscript optimizer on the exported model
     "profile_ops": "first",  # per-op ORT profile events in traced runs: off / first / every
-    "observer_effect": "every",  # debug runs that also run the plain session to compare: every / first / off
+    "observer_effect": "first",  # debug runs that also run the plain session to compare: first / every / off
     # ORT intra-op threads spin-wait after each op: costs nothing measurable when fully delegated, but steals
     # the cores torch kernels between partitions need (ResNet-18 with 17 partitions: 556 ms vs 50 ms, 2 cores)
     "allow_spinning": "0",
@@ -592,6 +592,50 @@ def _fuse_gelu(proto: Any) -> None:
         proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
+def _read_transposed(gemm: Any, i: int, weight: str) -> None:
+    """Gemm input ``i`` (0: A, 1: B) reads ``weight`` where it read its transpose: flips transA/transB."""
+    import onnx
+
+    gemm.input[i] = weight
+    flag = "transA" if i == 0 else "transB"
+    attr = next((a for a in gemm.attribute if a.name == flag), None)
+    if attr is None:
+        gemm.attribute.append(onnx.helper.make_attribute(flag, 1))
+    else:
+        attr.i = 1 - attr.i
+
+
+def _fold_weight_transposes(proto: Any, keep: set[str]) -> list[str]:
+    """``Gemm(x, Transpose(W))`` -> ``Gemm(x, W, transB=1)`` (and likewise for A) where ``W`` is a 2-D
+    initializer whose transpose only Gemms read and no debug run exposes (``keep``). ORT would constant-fold
+    each such transpose into a full copy of the weight in every session (ViT-B/16: 330 MB per session).
+    Returns the names of the removed Transpose nodes."""
+    g = proto.graph
+    rank2 = {t.name for t in g.initializer if len(t.dims) == 2}
+    readers: dict[str, list[tuple[Any, int]]] = {}
+    for n in g.node:
+        for i, v in enumerate(n.input):
+            readers.setdefault(v, []).append((n, i))
+    outputs = {o.name for o in g.output} | keep
+    dead: set[int] = set()
+    for t in g.node:
+        perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), [1, 0])
+        if t.op_type != "Transpose" or t.input[0] not in rank2 or perm != [1, 0] or t.output[0] in outputs:
+            continue
+        users = readers.get(t.output[0], [])
+        if not users or any(u.op_type != "Gemm" or i > 1 for u, i in users):
+            continue
+        for u, i in users:
+            _read_transposed(u, i, t.input[0])
+        dead.add(id(t))
+    removed = [n.name for n in g.node if id(n) in dead]
+    if dead:
+        nodes = [n for n in g.node if id(n) not in dead]
+        del g.node[:]
+        g.node.extend(nodes)
+    return removed
+
+
 def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, dict[str, Any]]:
     """Exports a partition and packs the blob; returns it and its header."""
     import onnx_ir as ir
@@ -619,6 +663,8 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, 
     _trim_unused_outputs(proto)
     _castlike_to_cast(proto, types)
     _fuse_gelu(proto)
+    for name in _fold_weight_transposes(proto, set(tables["intermediates"])):
+        tables["nodes"].pop(name, None)
     model_bytes = proto.SerializeToString()
     header = {
         "format": "edgetorch.onnxruntime",

@@ -11,9 +11,11 @@ model, whose values are the edge program's.
 Traced runs (the runtime passes its ETDump tracer):
 
 * per-op timings: ORT's profiler can only be stopped once per session, so a run is profiled with a fresh
-  session built with ``enable_profiling`` (the same options otherwise; its outputs are the real outputs). The
-  ``profile_ops`` compile spec chooses which traced runs pay for that build: ``first`` (default: the first
-  traced run of each delegate), ``every`` or ``off``. Each ORT kernel event is logged with
+  session built with ``enable_profiling`` (the same options otherwise): in a run that logs intermediates, the
+  exposing session below (its timings are those of the graph whose values are logged, and one build serves
+  both), else a plain one (its outputs are the real outputs). The ``profile_ops`` compile spec chooses which
+  traced runs pay for that build: ``first`` (default: the first traced run of each delegate), ``every`` or
+  ``off``. Each ORT kernel event is logged with
   ``log_delegate_profile`` under the original ONNX node name when it can be recovered from ORT's fused name
   (else ORT's own name), with ``{"op", "ort_node"}`` JSON metadata.
 * dynamic shapes: a blob records dynamic dims by name (``"s27"``) or expression (``"2*s27"``) with each
@@ -22,7 +24,8 @@ Traced runs (the runtime passes its ETDump tracer):
   shapes are checked (``_shapes.bind``: a wrong rank, static dim, inconsistent or out-of-bounds symbol raises
   ``RuntimeInputError`` naming the input/output and dim).
 * intermediate outputs (when the tracer keeps a debug buffer): a second session of the same model with the
-  values listed in the blob's ``intermediates`` appended to ``graph.output`` runs on the same inputs. Their
+  values listed in the blob's ``intermediates`` appended to ``graph.output`` runs on the same inputs (built at
+  the first debug run; it packs no weights of its own, so a debug run keeps one packed copy resident). Their
   shapes for this run are computed from the blob's ``shapes`` and the input dims, so ORT writes them straight
   into memory the tracer lends with exactly those shapes (a blob without them, or a dim the evaluator cannot
   compute, falls back to learning the shapes with one ``session.run``). Values
@@ -35,8 +38,9 @@ Traced runs (the runtime passes its ETDump tracer):
   (max |a - b| / max |b| over the outputs; above ``OBSERVER_EFFECT_TOLERANCE`` the exposed values are not
   what a plain run computes) is logged as a delegate debug event with id ``"observer_effect"`` (a float) and
   kept in ``OrtDelegate.last_observer_effect``. The ``observer_effect`` spec picks the checked runs:
-  ``every`` (default; a debug run then costs a plain run more), ``first`` (later debug runs only run the
-  exposing session and return its outputs) or ``off``.
+  ``first`` (default: the first debug run of each delegate; later ones only run the exposing session and
+  return its outputs, so they cost about one plain run), ``every`` (each debug run costs a plain run more) or
+  ``off``.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ _DEFAULTS: dict[str, str] = {
     "graph_optimization_level": "ORT_ENABLE_ALL",
     "intra_op_num_threads": "0",
     "profile_ops": "first",
-    "observer_effect": "every",
+    "observer_effect": "first",
     "allow_spinning": "0",
 }
 _OVERRIDES: dict[str, str] = {}
@@ -174,6 +178,8 @@ class OrtDelegate:
         self._binding: _Binding | None = None
         self._binding_key: tuple = ()
         self._debug_session: Any = None
+        self._debug_model: bytes | None = None
+        self._run_ns = 0
         self._debug_outputs: list[str] = []
         self._debug_binding: _Binding | None = None
         self._debug_bufs: list[torch.Tensor] = []
@@ -197,7 +203,10 @@ class OrtDelegate:
         proto.ParseFromString(self._model_bytes)
         return proto.SerializeToString() if _qdq.activations_to_uint8(proto) else self._model_bytes
 
-    def session_options(self, profile_prefix: str | None = None, spin: bool = True) -> ort.SessionOptions:
+    def session_options(self, profile_prefix: str | None = None, spin: bool = True,
+                        weights: bool = True) -> ort.SessionOptions:
+        """Options of this delegate's sessions; ``weights``: hand them the blob's weights as external
+        initializers."""
         so = ort.SessionOptions()
         level = self.options["graph_optimization_level"]
         try:
@@ -208,7 +217,7 @@ class OrtDelegate:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", self.options["allow_spinning"] if spin else "0")
-        if self._ortvalues:
+        if weights and self._ortvalues:
             names = list(self._ortvalues)
             so.add_external_initializers(names, [self._ortvalues[n] for n in names])
         if profile_prefix is not None:
@@ -220,13 +229,21 @@ class OrtDelegate:
         return ort.InferenceSession(model, self.session_options(profile_prefix, spin),
                                     providers=["CPUExecutionProvider"])
 
-    def debug_session(self) -> Any:
-        """The session whose outputs are the real outputs followed by every value in ``intermediates``."""
-        if self._debug_session is None:
+    def _exposing_model(self) -> bytes:
+        """The exported model with every value in ``intermediates`` appended to its outputs (built once). Its
+        external weights are graph inputs, bound to the blob's memory in each run (``_bind_debug``): ORT copies
+        weights handed as external initializers (ViT-B/16: 330 MB more per session) but reads inputs in place."""
+        if self._debug_model is None:
             import onnx
 
             proto = onnx.ModelProto()
             proto.ParseFromString(self._model_bytes)
+            g = proto.graph
+            weights = [t for t in g.initializer if t.name in self._ortvalues]
+            kept = [t for t in g.initializer if t.name not in self._ortvalues]
+            del g.initializer[:]
+            g.initializer.extend(kept)
+            g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in weights)
             have = {o.name for o in proto.graph.output}
             for name in self.intermediates:
                 if name not in have:
@@ -234,7 +251,21 @@ class OrtDelegate:
                     have.add(name)
             self._debug_outputs = [o.name for o in proto.graph.output]
             self._debug_specs = self._specs_of(self._debug_outputs)
-            self._debug_session = self._make_session(proto.SerializeToString(), spin=False)
+            self._debug_model = proto.SerializeToString()
+        return self._debug_model
+
+    def debug_session(self, profile_prefix: str | None = None) -> Any:
+        """The session whose outputs are the real outputs followed by every value in ``intermediates``.
+
+        It neither copies nor packs the weights (``_exposing_model``): a debug run keeps one packed copy
+        resident, the plain session's. With ``profile_prefix`` a new one is built whose next run is profiled
+        (it replaces the current one: after ``end_profiling`` it runs unprofiled)."""
+        if self._debug_session is None or profile_prefix is not None:
+            model = self._exposing_model()
+            so = self.session_options(profile_prefix, spin=False, weights=False)
+            self._debug_session = None
+            self._debug_binding, self._debug_key = None, ()
+            self._debug_session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         return self._debug_session
 
     def _specs_of(self, names: list[str]) -> list[tuple[list, torch.dtype]] | None:
@@ -322,8 +353,16 @@ class OrtDelegate:
     def _feeds(self, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
         return {n: t.detach().contiguous().numpy() for n, t in zip(self.input_names, inputs)}
 
+    def debug_feeds(self, inputs: Sequence[torch.Tensor | np.ndarray]) -> dict[str, Any]:
+        """Feeds of ``debug_session().run``: the inputs and the weights, graph inputs of the exposing model
+        (ORT's Python ``run`` asks for every graph input; IOBinding runs need only the real inputs)."""
+        feeds: dict[str, Any] = {n: t.detach().contiguous().numpy() if isinstance(t, torch.Tensor) else t
+                                 for n, t in zip(self.input_names, inputs)}
+        feeds.update(self._arrays)
+        return feeds
+
     # -- debug runs ---------------------------------------------------------------------------------
-    def capture_intermediates(self, inputs: Sequence[torch.Tensor], lend: Any = None,
+    def capture_intermediates(self, inputs: Sequence[torch.Tensor], lend: Any = None, profile: bool = False,
                               ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         """Runs the exposing session: returns {value name: tensor} for ``intermediates`` and the final outputs.
 
@@ -332,20 +371,23 @@ class OrtDelegate:
         buffer itself, so logging them copies nothing) when it lends memory, else into scratch buffers of this
         delegate that its next capture overwrites. Final outputs always go to the delegate's scratch buffers.
         When the shapes cannot be computed, the first capture of each input shape learns them with
-        ``session.run``."""
-        sess = self.debug_session()
+        ``session.run``. With ``profile`` the run is profiled op by op (a new exposing session:
+        ``debug_session``) and its kernel events are left in ``last_profile``."""
+        sess = self.debug_session(self._profile_prefix() if profile else None)
         shapes = self.debug_shapes(inputs)
         if shapes is None:
             outs = self._capture_learning(sess, inputs, lend)
         else:
             outs = self._capture_bound(sess, inputs, shapes, lend)
+        if profile:
+            self._profile_events(sess, self._run_ns)
         by_name = dict(zip(self._debug_outputs, outs))
         finals = [by_name[n] for n in self.output_names]
         return {n: by_name[n] for n in self.intermediates if n in by_name}, finals
 
     def debug_shapes(self, inputs: Sequence[torch.Tensor]) -> list[tuple[tuple[int, ...], torch.dtype]] | None:
         """(shape, dtype) of every output of the exposing session in this run; None when unknown."""
-        self.debug_session()
+        self._exposing_model()
         key = tuple(t.shape for t in inputs)
         if key in self._shape_cache:
             return self._shape_cache[key]
@@ -370,6 +412,14 @@ class OrtDelegate:
             buf = self._scratch[name] = torch.empty(max(n, 1), dtype=dtype)
         return buf[:n].view(shape)
 
+    def _bind_debug(self, sess: Any, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> _Binding:
+        """A binding of the exposing session: the inputs, the blob's weights (graph inputs of that model, bound
+        in place) and ``outs``."""
+        b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
+        for name, value in self._ortvalues.items():
+            b.io.bind_ortvalue_input(name, value)
+        return b
+
     def _capture_bound(self, sess: Any, inputs: Sequence[torch.Tensor],
                        shapes: list[tuple[tuple[int, ...], torch.dtype]], lend: Any) -> list[torch.Tensor]:
         finals = set(self.output_names)
@@ -381,21 +431,28 @@ class OrtDelegate:
         key = _key(inputs) + _key(outs)
         b = self._debug_binding
         if lent or b is None or key != self._debug_key:
-            b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
+            b = self._bind_debug(sess, inputs, outs)
             self._debug_binding, self._debug_key = (None, ()) if lent else (b, key)
+        self._run_io(sess, b)
+        return outs
+
+    def _run_io(self, sess: Any, b: _Binding) -> None:
+        """Runs ``sess`` on binding ``b`` (no staged outputs: the exposing session writes in place); the run's
+        start is kept in ``_run_ns`` (perf_counter ns) for its profile events."""
         for src, dst in b.pre:
             copy_into(dst, src)
+        self._run_ns = time.perf_counter_ns()
         sess.run_with_iobinding(b.io)
-        return outs
 
     def _capture_learning(self, sess: Any, inputs: Sequence[torch.Tensor], lend: Any) -> list[torch.Tensor]:
         """The first run of an input shape learns the output shapes with ``session.run``; later ones bind."""
         key = ("learned",) + _key(inputs)
         b = self._debug_binding
         if b is None or key != self._debug_key:
-            res = sess.run(self._debug_outputs, self._feeds(inputs))
+            self._run_ns = time.perf_counter_ns()
+            res = sess.run(self._debug_outputs, self.debug_feeds(inputs))
             bufs = [torch.from_numpy(np.ascontiguousarray(r)) for r in res]
-            self._debug_binding = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, bufs)
+            self._debug_binding = self._bind_debug(sess, inputs, bufs)
             self._debug_bufs = bufs
             self._debug_key = key
             return bufs
@@ -404,10 +461,8 @@ class OrtDelegate:
             finals = set(self.output_names)
             lent = [None if n in finals else lend(buf.shape, buf.dtype) for n, buf in zip(self._debug_outputs, outs)]
             outs = [buf if t is None else t for buf, t in zip(outs, lent)]
-            b = self._bind_names(sess, self.input_names, inputs, self._debug_outputs, outs)
-        for src, dst in b.pre:
-            copy_into(dst, src)
-        sess.run_with_iobinding(b.io)
+            b = self._bind_debug(sess, inputs, outs)
+        self._run_io(sess, b)
         return outs
 
     # -- profiling ----------------------------------------------------------------------------------
@@ -439,10 +494,12 @@ class OrtDelegate:
                 return prod[c]
         return ort_name
 
+    def _profile_prefix(self) -> str:
+        return os.path.join(tempfile.gettempdir(), f"edgetorch-ort-profile-{os.getpid()}-{id(self)}")
+
     def profile_run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[OpEvent]:
-        """Runs a fresh profiling session into ``outputs``; returns its kernel events."""
-        prefix = os.path.join(tempfile.gettempdir(), f"edgetorch-ort-profile-{os.getpid()}-{id(self)}")
-        sess = self._make_session(self._plain_bytes, prefix)
+        """Runs a fresh profiling session of the plain model into ``outputs``; returns its kernel events."""
+        sess = self._make_session(self._plain_bytes, self._profile_prefix())
         b = self._bind(sess, inputs, outputs)
         for src, dst in b.pre:
             dst.copy_(src)
@@ -450,6 +507,10 @@ class OrtDelegate:
         sess.run_with_iobinding(b.io)
         for src, dst in b.post:
             dst.copy_(src)
+        return self._profile_events(sess, t0)
+
+    def _profile_events(self, sess: Any, t0: int) -> list[OpEvent]:
+        """Ends ``sess``'s profiling (its run started at ``t0``); its kernel events, kept in ``last_profile``."""
         path = sess.end_profiling()
         try:
             with open(path) as f:
@@ -502,22 +563,22 @@ class OrtDelegate:
         """The tracer wiring: profile events, intermediate outputs and the observer effect of one run."""
         log_profile = getattr(tracer, "log_delegate_profile", None)
         log_output = getattr(tracer, "log_delegate_output", None)
-        want_values = bool(getattr(tracer, "logs_intermediates", False)) and log_output is not None
+        profile = log_profile is not None and self.wants_profile()
+        if not (getattr(tracer, "logs_intermediates", False) and log_output is not None):
+            if profile:
+                self._log_profile(log_profile, self.profile_run(inputs, outputs))
+            else:
+                self.run(inputs, outputs)
+            return
         mode = self.observer_mode()
         check = mode == "every" or (mode == "first" and self.observer_checks == 0)
-        plain = True
-        if log_profile is not None and self.wants_profile():
-            for ev in self.profile_run(inputs, outputs):
-                meta = json.dumps({"op": ev.op, "ort_node": ev.ort_node}).encode()
-                log_profile(ev.delegate_id, ev.start_ns, ev.end_ns, meta)
-        elif not want_values or check:
+        if check:  # the run's outputs are the plain session's
             self.run(inputs, outputs)
-        else:
-            plain = False
-        if not want_values:
-            return
-        values, finals = self.capture_intermediates(inputs, getattr(tracer, "delegate_output_buffer", None))
-        if not plain:  # the exposing session's outputs are the run's outputs
+        values, finals = self.capture_intermediates(inputs, getattr(tracer, "delegate_output_buffer", None),
+                                                    profile=profile)
+        if profile:
+            self._log_profile(log_profile, self.last_profile)
+        if not check:  # the exposing session's outputs are the run's outputs
             for o, r in zip(outputs, finals):
                 src, dst = _non_overlapping(r, o)
                 dst.copy_(src)
@@ -525,10 +586,16 @@ class OrtDelegate:
             vs = [values[n] for n in names if n in values]
             if vs:  # the capture buffers are only rewritten by this delegate's next run: no snapshot needed
                 log_output(gid, vs[0] if len(vs) == 1 else vs, snapshot=False)
-        if plain and mode != "off":
+        if check:
             self.last_observer_effect = self.observer_effect(finals, outputs)
             self.observer_checks += 1
             log_output(OBSERVER_EFFECT_ID, float(self.last_observer_effect))
+
+    @staticmethod
+    def _log_profile(log_profile: Any, events: list[OpEvent]) -> None:
+        for ev in events:
+            meta = json.dumps({"op": ev.op, "ort_node": ev.ort_node}).encode()
+            log_profile(ev.delegate_id, ev.start_ns, ev.end_ns, meta)
 
 
 class OrtRuntime:
