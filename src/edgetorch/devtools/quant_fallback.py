@@ -39,9 +39,10 @@ from edgetorch.export.recipe import RecipeType
 
 __all__ = ["FallbackReport", "QuantizedRun", "coarsen_weight", "cosine_to_float", "fp32_recipe_of",
            "inspect_quantized", "layer_nodes", "quantize_pt2e_program", "rank_layers", "run_latency_ms",
-           "selective_fallback"]
+           "selective_fallback", "Block", "simulate_blocks"]
 
 _BATCH_NORMS = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}
+_BLOCK_OPS = WEIGHTED_OPS | {torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor}
 
 
 @dataclass
@@ -229,49 +230,184 @@ def _export_run(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: R
     return inspect_quantized(session.get_executorch_program_manager(), samples)
 
 
+_RANKINGS = ("block", "simulate", "impact", "local_sqnr")
+
+
 def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: RecipeType,
                        max_layers: int = 3, eval_samples: Sequence[tuple] | None = None,
-                       latency_repeats: int = 3, ranking: str = "simulate", **recipe_options: Any) -> FallbackReport:
-    """Quantizes ``model`` with ``recipe_type`` (calibrated on ``samples``), ranks its layers by the error their
-    own quantization adds, then keeps the 1..``max_layers`` worst in float, one export per step. Accuracy
-    (cosine to the float model) is measured on ``eval_samples`` (default: ``samples``). ``ranking``: see
-    :func:`rank_layers`. ``recipe_options`` go to the recipe (e.g. ``activation_observer``, or exclusions
-    already decided)."""
+                       latency_repeats: int = 3, ranking: str = "block", **recipe_options: Any) -> FallbackReport:
+    """Quantizes ``model`` with ``recipe_type`` (calibrated on ``samples``), chooses up to ``max_layers`` layers
+    to keep in float, then keeps the first 1..``max_layers`` float, one export per step. Accuracy (cosine to the
+    float model) is measured on ``eval_samples`` (default: ``samples``). ``ranking``: "block" (the default:
+    :func:`simulate_blocks`, each layer kept float with the activation quantizers only it needs, chosen on the
+    fake-quantized model) or a ranking of the float-reference table rows (:func:`rank_layers`: "simulate",
+    "impact", "local_sqnr"; the op alone kept float). ``recipe_options`` go to the recipe (e.g.
+    ``activation_observer``, or exclusions already decided)."""
     if not isinstance(max_layers, int) or max_layers < 1:
         raise InspectorError(f"max_layers must be a positive int, got {max_layers!r}")
-    if ranking not in ("simulate", "impact", "local_sqnr"):
-        raise InspectorError(f"ranking must be 'simulate', 'impact' or 'local_sqnr', got {ranking!r}")
+    if ranking not in _RANKINGS:
+        raise InspectorError(f"ranking must be one of {', '.join(map(repr, _RANKINGS))}, got {ranking!r}")
     samples = [tuple(s) for s in samples]
     evals = [tuple(s) for s in (eval_samples or samples)]
     base = _export_run(model, samples, recipe_type, recipe_options)
-    culprits = rank_layers(base, ranking, max_layers).head(max_layers)
+    culprits, plan = _plan(model, samples, recipe_type, recipe_options, base, ranking, max_layers)
     fp32 = export(model, evals[:1], ExportRecipe.get_recipe(fp32_recipe_of(recipe_type)))
     float_ms = run_latency_ms(fp32.get_pte_buffer(), evals, latency_repeats)
-    excluded: list[str] = list(recipe_options.pop("quant_exclude_nodes", ()))
-    rows, runs = [], [base]
-    rows.append(_measure(model, base.et, evals, 0, excluded, latency_repeats))
-    for k in range(len(culprits)):
-        new = [n for n in layer_nodes(base, culprits.iloc[k]) if n not in excluded]
-        if not new:  # an earlier step already keeps this culprit float
+    nodes = list(recipe_options.pop("quant_exclude_nodes", ()))
+    acts = list(recipe_options.pop("quant_exclude_activations", ()))
+    rows = [_measure(model, base.et, evals, 0, nodes, acts, latency_repeats)]
+    for new_nodes, new_acts in plan:
+        new_nodes = [n for n in new_nodes if n not in nodes]
+        new_acts = [n for n in new_acts if n not in acts]
+        if not new_nodes and not new_acts:  # an earlier step already keeps this culprit float
             continue
-        excluded += new
-        opts = {**recipe_options, "quant_exclude_nodes": tuple(excluded)}
+        nodes, acts = nodes + new_nodes, acts + new_acts
+        opts = {**recipe_options, "quant_exclude_nodes": tuple(nodes), "quant_exclude_activations": tuple(acts)}
         et = export(model, samples, ExportRecipe.get_recipe(recipe_type, **opts)).get_executorch_program_manager()
-        rows.append(_measure(model, et, evals, len(rows), excluded, latency_repeats))
+        rows.append(_measure(model, et, evals, len(rows), nodes, acts, latency_repeats))
     steps = pd.DataFrame(rows)
     lost = 1.0 - steps["cosine"].iloc[0]
     steps["accuracy_recovered"] = [(c - steps["cosine"].iloc[0]) / lost if lost > 0 else 0.0
                                    for c in steps["cosine"]]
     steps["latency_vs_float"] = steps["latency_ms"] / float_ms
     steps["latency_vs_int8"] = steps["latency_ms"] / steps["latency_ms"].iloc[0]
-    return FallbackReport(steps, culprits, base.table, float_ms, runs)
+    return FallbackReport(steps, culprits, base.table, float_ms, [base])
+
+
+def _plan(model: torch.nn.Module, samples: list[tuple], recipe_type: RecipeType, options: dict[str, Any],
+          base: QuantizedRun, ranking: str, steps: int) -> tuple[pd.DataFrame, list[tuple[list[str], list[str]]]]:
+    """The culprits and, per step, the (nodes, activations) it adds to the float ones."""
+    if ranking != "block":
+        culprits = rank_layers(base, ranking, steps).head(steps)
+        return culprits, [(layer_nodes(base, culprits.iloc[k]), []) for k in range(len(culprits))]
+    quantizers = ExportRecipe.get_recipe(recipe_type, **options).quantization_recipe.quantizers
+    chosen = simulate_blocks(model, samples, quantizers[0], steps)
+    culprits = pd.DataFrame([{"layer": b.layer, "kept_float": list(b.nodes), "float_activations": list(b.activations),
+                              "simulated_cosine": cos} for b, cos in chosen],
+                            columns=["layer", "kept_float", "float_activations", "simulated_cosine"])
+    return culprits, [(list(b.nodes), list(b.activations)) for b, _ in chosen]
 
 
 def _measure(model: torch.nn.Module, et: Any, samples: list[tuple], step: int, excluded: list[str],
-             repeats: int) -> dict[str, Any]:
+             activations: list[str], repeats: int) -> dict[str, Any]:
     from edgetorch.runtime import Runtime
 
     method = Runtime.get().load_program(et.buffer).load_method("forward")
     outputs = [method.execute(*s) for s in samples]
-    return {"step": step, "kept_float": list(excluded), "cosine": cosine_to_float(model, samples, outputs),
+    return {"step": step, "kept_float": list(excluded), "float_activations": list(activations),
+            "cosine": cosine_to_float(model, samples, outputs),
             "latency_ms": run_latency_ms(et.buffer, samples, repeats)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# block fallback: a layer kept float with the activation quantizers only it needs, chosen by fake-quant simulation
+@dataclass(frozen=True)
+class Block:
+    """One layer kept in float as a block: ``nodes`` (the op, with the relu/hardtanh fused into it) stay
+    unannotated, ``activations`` (its output, and each input no other quantized op reads) stay float."""
+
+    layer: str
+    nodes: tuple[str, ...]
+    activations: tuple[str, ...]
+
+
+_DQ = "dequantize"
+
+
+def _is_q(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and "quantize_per" in str(n.target) and _DQ not in str(n.target)
+
+
+def _q_of(arg: Any) -> torch.fx.Node | None:
+    """The quantize node behind ``arg`` when it is ``dequantize(quantize(...))``."""
+    if not isinstance(arg, torch.fx.Node) or _DQ not in str(arg.target) or not arg.args:
+        return None
+    q = arg.args[0]
+    return q if isinstance(q, torch.fx.Node) and _is_q(q) else None
+
+
+def _readers(q: torch.fx.Node) -> set[torch.fx.Node]:
+    return {u for dq in q.users for u in dq.users}
+
+
+def _block(x: torch.fx.Node, by_value: dict[torch.fx.Node, list[torch.fx.Node]]
+           ) -> tuple[Block, set[torch.fx.Node]]:
+    """The block fallback of op ``x`` of a ``convert_pt2e(..., fold_quantize=False)`` module and the quantize
+    nodes it removes."""
+    users = list(x.users)
+    act = users[0] if len(users) == 1 and users[0].target in FUSED_ACTIVATION_OPS else None
+    out = act or x
+    removed = set(by_value.get(out, ()))
+    floats = [out.name] if removed else []
+    w = _q_of(x.args[1]) if x.target in WEIGHTED_OPS and len(x.args) > 1 else None
+    if w is not None:
+        removed.add(w)
+    for a in x.args[:2] if x.target not in WEIGHTED_OPS else x.args[:1]:
+        q = _q_of(a)
+        if q is not None and q.args[0].op != "get_attr" and _readers(q) <= {x}:
+            removed.add(q)
+            floats.append(q.args[0].name)
+    nodes = (x.name, act.name) if act is not None else (x.name,)
+    return Block(x.name, nodes, tuple(dict.fromkeys(floats))), removed
+
+
+class _FakeQuant:
+    """A ``convert_pt2e(..., fold_quantize=False)`` module run with chosen quantize/dequantize pairs taken out
+    (the value passed through float): what keeping layers float does, without re-export (the observers of a
+    post-training calibration see float values, so the other quantizers do not change)."""
+
+    def __init__(self, converted: torch.fx.GraphModule, samples: list[tuple], refs: list[torch.Tensor]) -> None:
+        self.gm, self.samples, self.refs = converted, samples, refs
+
+    def cosine(self, removed: set[torch.fx.Node]) -> float:
+        saved = {}
+        for q in removed:
+            for dq in list(q.users):
+                for u in dq.users:
+                    saved.setdefault(u, (u.args, u.kwargs))
+                dq.replace_all_uses_with(q.args[0])
+        self.gm.recompile()
+        try:
+            with torch.no_grad():
+                cos = [torch.nn.functional.cosine_similarity(_flat_float(self.gm(*s)), r, dim=0).item()
+                       for s, r in zip(self.samples, self.refs)]
+        finally:
+            for u, (args, kwargs) in saved.items():
+                u.args, u.kwargs = args, kwargs
+            self.gm.recompile()
+        return sum(cos) / len(cos)
+
+
+def simulate_blocks(model: torch.nn.Module, samples: Sequence[tuple], quantizer: Any, steps: int = 3,
+                    shortlist: int = 12) -> list[tuple[Block, float]]:
+    """Greedy choice of up to ``steps`` layers (conv, linear, add) to keep float as blocks, simulated on the
+    fake-quantized model calibrated on ``samples``: each candidate's block taken out alone first, then, among
+    the ``shortlist`` best, at each step the block that brings the outputs closest to the float model's (mean
+    cosine over ``samples``). Returns ``[(block, simulated cosine after the step)]``."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgetorch.export.quantizer import capture_float_program
+
+    samples = [tuple(s) for s in samples]
+    prepared = prepare_pt2e(capture_float_program(model, samples[0]).module(), quantizer)
+    with torch.no_grad():
+        for s in samples:
+            prepared(*s)
+        refs = [_flat_float(model(*s)) for s in samples]
+    sim = _FakeQuant(convert_pt2e(prepared, fold_quantize=False), samples, refs)
+    by_value: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in sim.gm.graph.nodes:
+        if _is_q(n):
+            by_value.setdefault(n.args[0], []).append(n)
+    layers = [n for n in sim.gm.graph.nodes if n.op == "call_function" and n.target in _BLOCK_OPS]
+    blocks = dict(_block(x, by_value) for x in layers)
+    blocks = {b: r for b, r in blocks.items() if r}
+    alone = {b: sim.cosine(r) for b, r in blocks.items()}
+    pool = sorted(alone, key=alone.__getitem__, reverse=True)[:shortlist]
+    chosen: list[tuple[Block, float]] = []
+    for _ in range(min(steps, len(pool))):
+        taken = set().union(*(blocks[b] for b, _ in chosen))
+        scores = {b: sim.cosine(taken | blocks[b]) for b in pool if b not in {c for c, _ in chosen}}
+        best = max(scores, key=scores.__getitem__)
+        chosen.append((best, scores[best]))
+    return chosen

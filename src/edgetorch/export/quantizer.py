@@ -67,8 +67,8 @@ class SymmetricQuantizationConfig:
     ``dynamic``: activations of conv/linear are quantized at run time from their own min/max
     (``choose_qparams``); only conv/linear are annotated then.
     ``activation_observer``: "minmax" (fast, the default) or "histogram" (slower calibration, clips outliers).
-    ``exclude_module_paths`` / ``exclude_nodes`` / ``exclude_ops``: ops kept in float (see the module docstring);
-    bad values raise ``RecipeError`` naming the argument.
+    ``exclude_module_paths`` / ``exclude_nodes`` / ``exclude_ops``: ops kept in float; ``exclude_activations``:
+    values kept float (see the module docstring); bad values raise ``RecipeError`` naming the argument.
     """
 
     per_channel: bool = True
@@ -77,6 +77,7 @@ class SymmetricQuantizationConfig:
     exclude_module_paths: tuple[str, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
     exclude_ops: tuple[object, ...] = ()
+    exclude_activations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.activation_observer not in ("minmax", "histogram"):
@@ -84,6 +85,7 @@ class SymmetricQuantizationConfig:
                               f"{self.activation_observer!r}")
         object.__setattr__(self, "exclude_module_paths", _strings(self.exclude_module_paths, "exclude_module_paths"))
         object.__setattr__(self, "exclude_nodes", _strings(self.exclude_nodes, "exclude_nodes"))
+        object.__setattr__(self, "exclude_activations", _strings(self.exclude_activations, "exclude_activations"))
         object.__setattr__(self, "exclude_ops", tuple(resolve_op(o, "exclude_ops") for o in _items(
             self.exclude_ops, "exclude_ops")))
 
@@ -121,10 +123,11 @@ class SymmetricQuantizationConfig:
 def get_symmetric_quantization_config(per_channel: bool = True, dynamic: bool = False,
                                       activation_observer: Literal["minmax", "histogram"] = "minmax",
                                       exclude_module_paths: Iterable[str] = (), exclude_nodes: Iterable[str] = (),
-                                      exclude_ops: Iterable[object] = ()) -> SymmetricQuantizationConfig:
+                                      exclude_ops: Iterable[object] = (), exclude_activations: Iterable[str] = ()
+                                      ) -> SymmetricQuantizationConfig:
     """The config of :class:`SymmetricInt8Quantizer` (a named constructor, as users of PT2E expect)."""
     return SymmetricQuantizationConfig(per_channel, dynamic, activation_observer, tuple(exclude_module_paths),
-                                       tuple(exclude_nodes), tuple(exclude_ops))
+                                       tuple(exclude_nodes), tuple(exclude_ops), tuple(exclude_activations))
 
 
 def _items(value: object, arg: str) -> tuple:
@@ -228,6 +231,26 @@ def _fused_activation(n: Node, config: SymmetricQuantizationConfig) -> Node | No
     return None
 
 
+def _keep_values_float(model: GraphModule, names: tuple[str, ...]) -> None:
+    """The outputs of the nodes named in ``names`` quantized neither by their producer nor as an input of their
+    consumers (a pool whose output shares such an input's parameters keeps its output float too)."""
+    if not names:
+        return
+    for n in model.graph.nodes:
+        if n.name not in names:
+            continue
+        ann = n.meta.get(_ANNOTATION_KEY)
+        if ann is not None:
+            ann.output_qspec = None
+        for u in n.users:
+            ua = u.meta.get(_ANNOTATION_KEY)
+            if ua is None or n not in ua.input_qspec_map:
+                continue
+            del ua.input_qspec_map[n]
+            if isinstance(ua.output_qspec, SharedQuantizationSpec) and ua.output_qspec.edge_or_node == (n, u):
+                ua.output_qspec = None
+
+
 def _annotate(n: Node, inputs: dict, output: object = None) -> None:
     n.meta[_ANNOTATION_KEY] = QuantizationAnnotation(input_qspec_map=inputs, output_qspec=output, _annotated=True)
 
@@ -276,6 +299,7 @@ class SymmetricInt8Quantizer(Quantizer):
                 x = n.args[0]
                 if _is_float_tensor(x):
                     _annotate(n, {x: act}, SharedQuantizationSpec((x, n)))
+        _keep_values_float(model, cfg.exclude_activations)
         return model
 
     def _annotate_weighted(self, n: Node, act: QuantizationSpec, weight: QuantizationSpec) -> None:

@@ -40,15 +40,17 @@ _INT8 = {
 #: the recipe options of the INT8 recipes that keep ops in float; ``quant_exclude_*`` is the spelling every
 #: backend's INT8 recipe accepts (ORT's own ``exclude_*`` exclude ops from delegation), the portable recipes also
 #: take the bare ``exclude_*`` (it can mean nothing else there)
-QUANT_EXCLUSION_OPTIONS = ("quant_exclude_module_paths", "quant_exclude_nodes", "quant_exclude_ops")
+QUANT_EXCLUSION_OPTIONS = ("quant_exclude_module_paths", "quant_exclude_nodes", "quant_exclude_ops",
+                           "quant_exclude_activations")
 _PORTABLE_ALIASES = {"exclude_module_paths": "quant_exclude_module_paths", "exclude_nodes": "quant_exclude_nodes",
-                     "exclude_ops": "quant_exclude_ops"}
+                     "exclude_ops": "quant_exclude_ops", "exclude_activations": "quant_exclude_activations"}
 
 
 class PortableRecipeProvider(BackendRecipeProvider):
     """``create_recipe(INT8_*, activation_observer="minmax"|"histogram", quant_exclude_module_paths=(...),
-    quant_exclude_nodes=(...), quant_exclude_ops=(...))`` (or ``exclude_module_paths=`` etc.: the ops kept in
-    float, see ``SymmetricQuantizationConfig``); FP32 takes no arguments."""
+    quant_exclude_nodes=(...), quant_exclude_ops=(...), quant_exclude_activations=(...))`` (or
+    ``exclude_module_paths=`` etc.: the ops and values kept in float, see ``SymmetricQuantizationConfig``); FP32
+    takes no arguments."""
 
     @property
     def backend_name(self) -> str:
@@ -81,13 +83,14 @@ class PortableRecipeProvider(BackendRecipeProvider):
 
 def int8_quantization_recipe(per_channel: bool, dynamic: bool, activation_observer: str = "minmax",
                              quant_exclude_module_paths: Any = (), quant_exclude_nodes: Any = (),
-                             quant_exclude_ops: Any = ()) -> QuantizationRecipe:
+                             quant_exclude_ops: Any = (), quant_exclude_activations: Any = ()) -> QuantizationRecipe:
     """The PT2E INT8 quantization of the INT8 recipes (``SymmetricInt8Quantizer``), with the ops kept in float;
     bad settings raise ``RecipeError`` naming the option."""
     from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, _items
 
     excluded = {name: _items(value, name) for name, value in zip(
-        QUANT_EXCLUSION_OPTIONS, (quant_exclude_module_paths, quant_exclude_nodes, quant_exclude_ops))}
+        QUANT_EXCLUSION_OPTIONS, (quant_exclude_module_paths, quant_exclude_nodes, quant_exclude_ops,
+                                  quant_exclude_activations))}
     try:
         config = SymmetricQuantizationConfig(per_channel, dynamic, activation_observer,  # type: ignore[arg-type]
                                              *excluded.values())

@@ -33,7 +33,7 @@ import math
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import torch
@@ -174,43 +174,87 @@ def _runtime_by_edge_handle(entries: list[RuntimeEntry], order: dict[int, int]) 
     return out
 
 
-def _fits(node: torch.fx.Node, ts: list[torch.Tensor]) -> torch.Tensor | None:
-    val = node.meta.get("val")
-    val = val[0] if isinstance(val, (list, tuple)) and val else val
-    if not isinstance(val, torch.Tensor):
-        return None
-    for t in ts:
-        if t.dtype == val.dtype and t.numel() == val.numel():
-            return t.reshape(val.shape)
-    return None
+@dataclass(frozen=True)
+class _Read:
+    """One place a runtime value may be read from: the logged tensors of an edge handle, those of the given dtype
+    and size, dequantized with ``scale``/``zero_point`` when set."""
+
+    edge_handle: int
+    node: torch.fx.Node
+    dtype: torch.dtype
+    numel: int
+    scale: float | None
+    zero_point: int
 
 
-def _group_value(g: _Group, rt: dict[int, list[torch.Tensor]], last: dict[int, torch.fx.Node]
-                 ) -> tuple[torch.Tensor, torch.fx.Node] | None:
-    for s in g.sources:
+@dataclass(frozen=True)
+class _RowPlan:
+    """How to read a row's runtime value (first readable source wins), and its shape in the float graph."""
+
+    end: torch.fx.Node  # the float node of the row (its chain's last)
+    handle: int
+    reads: tuple[_Read, ...]
+    own: tuple[_Read, ...]  # the op's own output, before the group's output quantization
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def _reads(sources: list[_Source], last: dict[int, torch.fx.Node]) -> tuple[_Read, ...]:
+    out = []
+    for s in sources:
         h = get_debug_handle(s.node)
-        if h is None or last.get(h) is not s.node or h not in rt:
-            continue
-        t = _fits(s.node, rt[h])
+        val = s.node.meta.get("val")
+        val = val[0] if isinstance(val, (list, tuple)) and val else val
+        if h is not None and last.get(h) is s.node and isinstance(val, torch.Tensor):
+            out.append(_Read(h, s.node, val.dtype, val.numel(), s.scale, s.zero_point))
+    return tuple(out)
+
+
+def _read(reads: tuple[_Read, ...], rt: dict[int, list[torch.Tensor]]) -> tuple[torch.Tensor, torch.fx.Node] | None:
+    """The first readable source's runtime value (dequantized), or None."""
+    for r in reads:
+        t = next((t for t in rt.get(r.edge_handle, ()) if t.dtype == r.dtype and t.numel() == r.numel), None)
         if t is None:
             continue
-        if s.scale is not None:
-            t = (t.to(torch.float32) - s.zero_point) * s.scale
+        if r.scale is not None:
+            t = (t.to(torch.float32) - r.zero_point) * r.scale
         if t.is_floating_point():
-            return t, s.node
+            return t, r.node
     return None
 
 
-def _quantized_inputs(qgm: torch.fx.GraphModule, rt: dict[int, list[torch.Tensor]],
-                      last: dict[int, torch.fx.Node], float_inputs: list[torch.fx.Node]) -> dict[int, torch.Tensor]:
+def _row_plans(groups: dict[int, _Group], chains: dict[int, list[torch.fx.Node]],
+               last: dict[int, torch.fx.Node]) -> list[_RowPlan]:
+    plans = []
+    for h, chain in chains.items():
+        like = _meta_tensor(chain[-1])
+        if like is not None:
+            plans.append(_RowPlan(chain[-1], h, _reads(groups[h].sources, last),
+                                  _reads(groups[h].sources[-1:], last), like.shape, like.dtype))
+    return plans
+
+
+def _input_plans(qgm: torch.fx.GraphModule, last: dict[int, torch.fx.Node],
+                 float_inputs: list[torch.fx.Node]) -> list[tuple[int, tuple[_Read, ...], torch.Tensor]]:
+    """Per user input the program quantizes: (index, where to read its dequantized runtime value, the float
+    graph's input)."""
+    out = []
+    for i, p in enumerate(n for n in qgm.graph.nodes if n.op == "placeholder"):
+        like = _meta_tensor(float_inputs[i]) if i < len(float_inputs) else None
+        reads = _reads(_output_sources(p)[0][:-1], last)
+        if like is not None and reads:
+            out.append((i, reads, like))
+    return out
+
+
+def _quantized_inputs(plans: list[tuple[int, tuple[_Read, ...], torch.Tensor]],
+                      rt: dict[int, list[torch.Tensor]]) -> dict[int, torch.Tensor]:
     """User input index -> the runtime's dequantized value of that input (where the program quantizes it),
     shaped as the float graph's input."""
     out = {}
-    for i, p in enumerate(n for n in qgm.graph.nodes if n.op == "placeholder"):
-        sources, _ = _output_sources(p)
-        got = _group_value(_Group(-1, [p], sources[:-1]), rt, last)
-        like = _meta_tensor(float_inputs[i]) if i < len(float_inputs) else None
-        if got is not None and like is not None and got[0].numel() == like.numel():
+    for i, reads, like in plans:
+        got = _read(reads, rt)
+        if got is not None and got[0].numel() == like.numel():
             out[i] = got[0].reshape(like.shape).to(like.dtype)
     return out
 
@@ -263,11 +307,12 @@ def _meta_tensor(n: torch.fx.Node) -> torch.Tensor | None:
 
 
 def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...],
-                  input_index: tuple[int, ...]) -> torch.fx.GraphModule:
+                  input_index: tuple[int, ...], with_float: bool = True) -> torch.fx.GraphModule:
     """A generated module that runs the float graph twice in one call: on the float values (the accumulated
     reference) and on the runtime's values (the local reference: each op fed the runtime's values of its inputs,
     the runtime value substituted at every row). Its inputs: the user inputs, the runtime's dequantized inputs
-    (``input_index``), then the runtime value of each row; it returns (float, local) per row. Generated Python
+    (``input_index``), then the runtime value of each row; it returns (float, local) per row, or only the local
+    values without ``with_float`` (the float pass then computes only what the local one reads). Generated Python
     code, not an interpreter: small models pay no per-node dispatch overhead."""
     g = torch.fx.Graph()
     ref: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -279,7 +324,6 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
         rt[placeholders[i]] = g.placeholder(f"runtime_input_{i}")
     row_inputs = {n: g.placeholder(f"runtime_{n.name}") for n in row_nodes}
     outs: list[torch.fx.Node] = []
-    sums: list[torch.fx.Node] = []
 
     def call(n: torch.fx.Node, env: Any) -> torch.fx.Node:
         args = torch.fx.node.map_arg(n.args, env)
@@ -299,54 +343,83 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
         differs = any(a in rt for a in n.all_input_nodes)
         local = call(n, lambda a: rt.get(a, ref[a])) if differs else ref[n]
         if n in row_inputs:
-            outs += [ref[n], local]
-            sums += _sums_of_squares(g, ref[n], local, row_inputs[n], _meta_tensor(n))
+            outs += [ref[n], local] if with_float else [local]
             rt[n] = row_inputs[n]
         elif differs:
             rt[n] = local
-    stacked = g.call_function(torch.ops.aten.stack.default, (sums,)) if sums else None
-    g.output((stacked, *outs))
+    g.output(tuple(outs))
+    if not with_float:
+        g.eliminate_dead_code()
     return torch.fx.GraphModule(fgm, g)
 
 
-def _sums_of_squares(g: torch.fx.Graph, ref: torch.fx.Node, local: torch.fx.Node, runtime: torch.fx.Node,
-                     like: torch.Tensor | None) -> list[torch.fx.Node]:
-    """Graph nodes computing Σref², Σ(ref − runtime)², Σlocal², Σ(local − runtime)² (float32 dot products,
-    float64 for other dtypes)."""
-    aten = torch.ops.aten
+_STACKED = 8192  # rows up to this many elements are reduced stacked
 
-    def flat(x: torch.fx.Node) -> torch.fx.Node:
-        x = g.call_function(aten.reshape.default, (x, [-1]))
-        if like is None or like.dtype != torch.float32:
-            x = g.call_function(aten._to_copy.default, (x,), {"dtype": torch.float64})
-        return x
 
-    r, lo, x = flat(ref), flat(local), flat(runtime)
-    d, ld = g.call_function(aten.sub.Tensor, (r, x)), g.call_function(aten.sub.Tensor, (lo, x))
-    return [g.call_function(aten.dot.default, (a, a)) for a in (r, d, lo, ld)]
+def _row_sums(refs: list[torch.Tensor], locs: list[torch.Tensor], rts: list[torch.Tensor]) -> list[float]:
+    """Per row, Σref², Σ(ref − runtime)², Σlocal², Σ(local − runtime)² (row after row). Small float32 rows of one
+    size are stacked and reduced together (a handful of calls per size instead of six per row: the per-call cost
+    dominates on small models); the others row by row (float32 dot products, float64 for other dtypes)."""
+    out: list[list[float]] = [[] for _ in refs]
+    by_size: dict[int, list[int]] = {}
+    for i, t in enumerate(refs):
+        if t.dtype == torch.float32 and t.numel() <= _STACKED:
+            by_size.setdefault(t.numel(), []).append(i)
+    for size, idx in by_size.items():
+        if len(idx) < 2:
+            continue
+        r, lo, x = (torch.stack([ts[i].reshape(size) for i in idx]) for ts in (refs, locs, rts))
+        sq = torch.stack([r, r - x, lo, lo - x]).square_().sum(-1).T.tolist()
+        for i, row in zip(idx, sq):
+            out[i] = row
+    for i, (r, lo, x) in enumerate(zip(refs, locs, rts)):
+        if not out[i]:
+            out[i] = [_sq(r), _sq(r - x), _sq(lo), _sq(lo - x)]
+    return [v for row in out for v in row]
+
+
+_FLOAT_CACHE_BYTES = 512 << 20  # the float values of the rows kept per Inspector for later tables
 
 
 class _JointRunner:
-    """Builds (and caches, per set of rows) the joint module and runs it on one sample."""
+    """Builds (and caches, per set of rows) the joint module and runs it on one sample. The float values of a
+    recorded sample's rows depend only on the float program and that input: they are kept (up to
+    ``_FLOAT_CACHE_BYTES``), and a later table of the same Inspector runs only the local pass."""
 
     def __init__(self, fgm: torch.fx.GraphModule) -> None:
         self.fgm = fgm
         self.cache: dict[tuple, torch.fx.GraphModule] = {}
         self.placeholders = [n for n in fgm.graph.nodes if n.op == "placeholder"]
+        self.floats: dict[tuple, list[torch.Tensor]] = {}
+        self.float_bytes = 0
+
+    def _module(self, key: tuple, with_float: bool) -> torch.fx.GraphModule:
+        module = self.cache.get((*key, with_float))
+        if module is None:
+            module = self.cache[(*key, with_float)] = _joint_module(self.fgm, *key, with_float=with_float)
+        return module
 
     def run(self, inputs: list[Any], runtime_inputs: dict[int, torch.Tensor],
-            rows: dict[torch.fx.Node, torch.Tensor]
+            rows: dict[torch.fx.Node, torch.Tensor], sample: Any = None
             ) -> dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor, list[float]]]:
-        """Per row: (float value, local value, [Σref², Σ(ref − rt)², Σlocal², Σ(local − rt)²])."""
+        """Per row: (float value, local value, [Σref², Σ(ref − rt)², Σlocal², Σ(local − rt)²]). ``sample``: a key
+        of the recorded input (None: nothing kept)."""
         row_nodes = tuple(n for n in self.fgm.graph.nodes if n in rows)
         index = tuple(i for i in sorted(runtime_inputs) if i < len(self.placeholders))
-        key = (row_nodes, index)
-        module = self.cache.get(key)
-        if module is None:
-            module = self.cache[key] = _joint_module(self.fgm, row_nodes, index)
-        out = module(*inputs, *[runtime_inputs[i] for i in index], *[rows[n] for n in row_nodes])
-        sums = out[0].tolist() if out[0] is not None else []
-        return {n: (out[1 + 2 * k], out[2 + 2 * k], sums[4 * k:4 * k + 4]) for k, n in enumerate(row_nodes)}
+        args = [*inputs, *[runtime_inputs[i] for i in index], *[rows[n] for n in row_nodes]]
+        floats = self.floats.get((sample, row_nodes)) if sample is not None else None
+        if floats is not None:
+            locs = list(self._module((row_nodes, index), False)(*args))
+        else:
+            out = self._module((row_nodes, index), True)(*args)
+            floats, locs = list(out[0::2]), list(out[1::2])
+            size = sum(t.numel() * t.element_size() for t in floats)
+            if sample is not None and self.float_bytes + size <= _FLOAT_CACHE_BYTES:
+                self.floats[(sample, row_nodes)] = floats
+                self.float_bytes += size
+        rts = [rows[n] for n in row_nodes]
+        sums = _row_sums(floats, locs, rts)
+        return {n: (floats[k], locs[k], sums[4 * k:4 * k + 4]) for k, n in enumerate(row_nodes)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -399,8 +472,10 @@ def _sqnr(signal: float, noise: float) -> float:
     return 10.0 * math.log10(signal / noise)
 
 
-def _samples(inspector: Any, method: str, runs: Sequence[int] | None) -> list[tuple[tuple, list[RuntimeEntry]]]:
-    """(inputs, runtime entries) of every recorded execution of ``method`` with a representative input."""
+def _samples(inspector: Any, method: str, runs: Sequence[int] | None
+             ) -> list[tuple[int, tuple, list[RuntimeEntry]]]:
+    """(representative input index, inputs, runtime entries) of every recorded execution of ``method`` with a
+    representative input."""
     from edgetorch.formats import etdump as ed
 
     reps = (inspector.etrecord.representative_inputs or {}).get(method) or []
@@ -416,7 +491,7 @@ def _samples(inspector: Any, method: str, runs: Sequence[int] | None) -> list[tu
             i = b.bundled_input_index if b.bundled_input_index is not None else index
             index += 1
             if i < len(reps) and (runs is None or i in runs):
-                out.append((reps[i], inspector._runtime_entries(b, r)[0]))
+                out.append((i, reps[i], inspector._runtime_entries(b, r)[0]))
     if not out:
         raise InspectorError(f"no execution of method '{method}' matches a representative input (runs={runs}, "
                              f"{len(reps)} inputs recorded)")
@@ -442,14 +517,39 @@ def _graphs(inspector: Any, method: str) -> tuple[torch.fx.GraphModule, torch.fx
     return reference_from_program(ep, method), qgm
 
 
-def _prepared(inspector: Any, method: str) -> tuple:
+class _Prepared(NamedTuple):
+    """The float and quantized graphs of a method, their mapping, and how to read each row's runtime value."""
+
+    fgm: torch.fx.GraphModule
+    qgm: torch.fx.GraphModule
+    groups: dict[int, _Group]
+    chains: dict[int, list[torch.fx.Node]]
+    last: dict[int, torch.fx.Node]
+    runner: _JointRunner
+    rows: list[_RowPlan]
+    inputs: list[tuple[int, tuple[_Read, ...], torch.Tensor]]
+    order: dict[int, int]
+    weights: dict[int, tuple[float | None, float | None]]  # filled on first use
+
+
+def _prepared(inspector: Any, method: str) -> _Prepared:
     """The float and quantized graphs of ``method`` with their mapping, built once per Inspector and method."""
     cache = inspector.__dict__.setdefault("_float_reference", {})
     if method not in cache:
         fgm, qgm = _graphs(inspector, method)
         groups = quantized_groups(qgm)
-        cache[method] = (fgm, qgm, groups, _float_ends(fgm, groups), _edge_last(qgm), _JointRunner(fgm))
+        chains, last, runner = _float_ends(fgm, groups), _edge_last(qgm), _JointRunner(fgm)
+        cache[method] = _Prepared(fgm, qgm, groups, chains, last, runner, _row_plans(groups, chains, last),
+                                  _input_plans(qgm, last, runner.placeholders), {h: i for i, h in enumerate(last)},
+                                  {})
     return cache[method]
+
+
+def _drop_float_values(inspector: Any) -> None:
+    """Forgets the float values kept for later tables (the next table runs the float pass again)."""
+    for prep in inspector.__dict__.get("_float_reference", {}).values():
+        prep.runner.floats.clear()
+        prep.runner.float_bytes = 0
 
 
 def _default_method(inspector: Any, method: str | None) -> str:
@@ -462,27 +562,24 @@ def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pr
     """Per recorded sample: (flat inputs, {row node: runtime value}, {row node: (handle, runtime node name)},
     the joint module's {row node: (float value, local value, sums)}, {row node: the runtime value before the
     group's output quantization, where it has one})."""
-    fgm, qgm, groups, chains, last, runner = _prepared(inspector, method)
-    order = {h: i for i, h in enumerate(last)}
-    for inputs, entries in _samples(inspector, method, runs):
-        rt = _runtime_by_edge_handle(entries, order)
+    prep = _prepared(inspector, method)
+    for index, inputs, entries in _samples(inspector, method, runs):
+        rt = _runtime_by_edge_handle(entries, prep.order)
         rows: dict[torch.fx.Node, torch.Tensor] = {}
         ends: dict[torch.fx.Node, tuple[int, str]] = {}
         pre: dict[torch.fx.Node, torch.Tensor] = {}
-        for h, chain in chains.items():
-            got = _group_value(groups[h], rt, last)
-            like = _meta_tensor(chain[-1])
-            if got is not None and like is not None and got[0].numel() == like.numel():
-                rows[chain[-1]] = got[0].reshape(like.shape).to(like.dtype)
-                ends[chain[-1]] = (h, got[1].name)
-                if not want_pre or got[1] is groups[h].sources[-1].node:
-                    continue
-                before = _group_value(_Group(h, [], groups[h].sources[-1:]), rt, last)
-                if before is not None \
-                        and before[0].numel() == like.numel():
-                    pre[chain[-1]] = before[0].reshape(like.shape).to(like.dtype)
+        for plan in prep.rows:
+            got = _read(plan.reads, rt)
+            if got is None or got[0].numel() != plan.shape.numel():
+                continue
+            rows[plan.end] = got[0].reshape(plan.shape).to(plan.dtype)
+            ends[plan.end] = (plan.handle, got[1].name)
+            if want_pre and got[1] is not prep.groups[plan.handle].sources[-1].node:
+                before = _read(plan.own, rt)
+                if before is not None and before[0].numel() == plan.shape.numel():
+                    pre[plan.end] = before[0].reshape(plan.shape).to(plan.dtype)
         flat = pytree.tree_leaves(tuple(inputs))
-        values = runner.run(flat, _quantized_inputs(qgm, rt, last, runner.placeholders), rows)
+        values = prep.runner.run(flat, _quantized_inputs(prep.inputs, rt), rows, sample=index)
         yield flat, rows, ends, values, pre
 
 
@@ -492,17 +589,17 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
     of ``method`` with a representative input (``runs``: only those sample indices)."""
     comparator = get_comparator(distance)
     method = _default_method(inspector, method)
-    fgm, qgm, groups, chains, _, _ = _prepared(inspector, method)
+    prep = _prepared(inspector, method)
     stats: dict[int, _Stats] = {}
     with torch.no_grad():
         for _, rows, ends, values, _ in _per_sample(inspector, method, runs):
             for n, (h, rt_name) in ends.items():
                 ref, loc, sums = values[n]
                 stats.setdefault(h, _Stats(runtime_node=rt_name)).add(ref, loc, rows[n], sums, comparator)
-    df = _table(stats, chains, groups, fgm, qgm, comparator, local)
+    df = _table(stats, prep, comparator, local)
     df.attrs.update(reference_graph=FLOAT_GRAPH, method=method,
                     distance=getattr(comparator, "name", type(comparator).__name__),
-                    float_ops=len(chains), samples=max((len(s.gaps) for s in stats.values()), default=0))
+                    float_ops=len(prep.chains), samples=max((len(s.gaps) for s in stats.values()), default=0))
     return df
 
 
@@ -588,7 +685,8 @@ def simulate_fallback(inspector: Any, steps: int = 3, method: str | None = None,
     ``[(float handle, simulated cosine after the step)]``; interactions between layers' errors are accounted
     for, the errors of the other layers are assumed unchanged."""
     method = _default_method(inspector, method)
-    fgm, _, groups, chains, _, _ = _prepared(inspector, method)
+    prep = _prepared(inspector, method)
+    fgm, groups, chains = prep.fgm, prep.groups, prep.chains
     heads = {chain[-1]: chain[0] for chain in chains.values()}
     data = []
     with torch.no_grad():
@@ -642,15 +740,16 @@ def _weight_error(fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, chain: l
     return _sqnr(_sq(w), noise), noise / max(1, w.numel())
 
 
-def _table(stats: dict[int, _Stats], chains: dict[int, list[torch.fx.Node]], groups: dict[int, _Group],
-           fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, comparator: Any, local: bool) -> pd.DataFrame:
+def _table(stats: dict[int, _Stats], prep: _Prepared, comparator: Any, local: bool) -> pd.DataFrame:
     rows = []
-    for h, chain in chains.items():
+    for h, chain in prep.chains.items():
         s = stats.get(h)
         if s is None or s.first is None:
             continue
-        g = groups[h]
-        w_sqnr, w_mse = _weight_error(fgm, qgm, chain, g)
+        g = prep.groups[h]
+        if h not in prep.weights:  # static: computed once per Inspector
+            prep.weights[h] = _weight_error(prep.fgm, prep.qgm, chain, g)
+        w_sqnr, w_mse = prep.weights[h]
         local_rmse = math.sqrt(s.local_noise / max(1, s.elements))
         paths = module_paths(chain[0])
         rows.append({
