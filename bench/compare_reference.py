@@ -81,6 +81,42 @@ def _load_reference(buf: bytes):
     return lambda *xs, _keep=buf: module.forward(xs)[0]
 
 
+def _openvino(ort_buf: bytes, threads: int):
+    """OpenVINO (``--openvino``) on the ONNX model of the ORT program's one delegate (the exported model, weights
+    inlined; f32 inference), or None when openvino is missing or the program is not one delegate call."""
+    try:
+        import onnx
+        import onnx.inliner
+        import openvino as ov
+    except ImportError:
+        return None
+    from edgetorch.runtime import Runtime
+
+    method = Runtime.get().load_program(ort_buf).load_method("forward")
+    handles = list(method._delegate_handles.values())
+    if len(handles) != 1 or len(method._plan.instructions) != 1:
+        return None
+    h = handles[0]
+    proto = onnx.ModelProto()
+    proto.ParseFromString(h._model_bytes)
+    for t in proto.graph.initializer:
+        if t.name in h._arrays:
+            t.raw_data = h._arrays[t.name].tobytes()
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+    proto = onnx.shape_inference.infer_shapes(onnx.inliner.inline_local_functions(proto))
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "f32"})
+    req = compiled.create_infer_request()
+
+    def run(*xs):
+        req.infer([x.numpy() for x in xs], share_inputs=True)
+        return torch.from_numpy(req.get_output_tensor(0).data.copy())
+    return run
+
+
 ALL_CPUS = sorted(os.sched_getaffinity(0))
 
 
@@ -99,7 +135,8 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
 
-def child(model_name: str, precision: str, threads: list[int], runs: int, portable: bool = True) -> dict:
+def child(model_name: str, precision: str, threads: list[int], runs: int, portable: bool = True,
+          openvino: bool = False) -> dict:
     from edgetorch.export import OrtRecipeType, PortableRecipeType
     from edgetorch.models import get_spec
 
@@ -122,6 +159,8 @@ def child(model_name: str, precision: str, threads: list[int], runs: int, portab
     if ref is not None:
         bufs["xnnpack"], result["export_s"]["xnnpack"] = ref
         fns["xnnpack"] = _load_reference(bufs["xnnpack"])
+    if openvino and _openvino(bufs["ort"], threads[0]) is not None:
+        fns["openvino"] = _openvino(bufs["ort"], threads[0])
     with torch.no_grad():
         fns["eager"] = lambda *xs: model(*xs)
         want = [model(*x) for x in held]
@@ -132,7 +171,9 @@ def child(model_name: str, precision: str, threads: list[int], runs: int, portab
             fns["ort"] = _load(bufs["ort"])  # its thread pool is sized at load
             if "xnnpack" in bufs:
                 fns["xnnpack"] = _load_reference(bufs["xnnpack"])
-            fast = {k: (lambda f=fns[k]: f(*example)) for k in ("ort", "xnnpack") if k in fns}
+            if "openvino" in fns:
+                fns["openvino"] = _openvino(bufs["ort"], n)
+            fast = {k: (lambda f=fns[k]: f(*example)) for k in ("ort", "xnnpack", "openvino") if k in fns}
             slow = {k: (lambda f=fns[k]: f(*example)) for k in ("portable", "eager") if k in fns}
             med = {**alternate(fast, runs), **alternate(slow, runs)}
             result["ms"][str(n)] = {k: 1000 * v for k, v in med.items()}
@@ -162,19 +203,23 @@ def main() -> None:
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--skip-portable", action="store_true", help="leave edgetorch portable out (its INT8 is slow)")
+    ap.add_argument("--openvino", action="store_true",
+                    help="also time OpenVINO on the ORT delegate's ONNX model (needs `pip install openvino`)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     if args.child:
-        print("RESULT " + json.dumps(child(*args.child, args.threads, args.runs, not args.skip_portable)), flush=True)
+        print("RESULT " + json.dumps(child(*args.child, args.threads, args.runs, not args.skip_portable,
+                                                   args.openvino)), flush=True)
         return
     results = []
     for model in args.models:
         for precision in args.precisions:
             print(f"[{model} {precision}] running in a fresh process ...", flush=True)
             cmd = [sys.executable, __file__, "--child", model, precision, "--runs", str(args.runs), "--threads",
-                   *map(str, args.threads), *(["--skip-portable"] if args.skip_portable else [])]
+                   *map(str, args.threads), *(["--skip-portable"] if args.skip_portable else []),
+                   *(["--openvino"] if args.openvino else [])]
             out = subprocess.run(cmd, capture_output=True, text=True)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
@@ -182,6 +227,11 @@ def main() -> None:
                 continue
             results.append(json.loads(line[len("RESULT "):]))
             print(f"  export s: {results[-1]['export_s']}", flush=True)
+            if "openvino" in results[-1]["cosine"]:
+                for n, ms in results[-1]["ms"].items():
+                    print(f"  {n} thread(s): OpenVINO {ms['openvino']:.2f} ms, ORT {ms['ort']:.2f} ms, XNNPACK "
+                          f"{ms.get('xnnpack', float('nan')):.2f} ms; cosine OpenVINO "
+                          f"{results[-1]['cosine']['openvino']:.5f}", flush=True)
     print(_table(results))
 
 
