@@ -264,3 +264,19 @@ def test_float_program_needs_an_etrecord() -> None:
     plain = torch.export.export(model, samples[0])  # no numeric debug handles: a typed ETRecord error
     with pytest.raises(ETRecordError, match="numeric debug handle"):
         to_edge_transform_and_lower(plain, generate_etrecord=True, float_program=plain)
+
+
+def test_a_later_table_reuses_what_the_first_read_and_computed(portable) -> None:  # noqa: ANN001
+    from edgetorch.devtools.inspector import float_reference as fr
+
+    _, _, _, run = portable
+    prep = fr._prepared(run.inspector, "forward")
+    assert prep.runner.floats and prep.readings  # kept by the first table
+    again = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    fr._drop_float_values(run.inspector)
+    fresh = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    for df in (again, fresh):
+        for col in ("gap", "local_gap"):
+            assert [v[0] for v in df[col]] == [v[0] for v in run.table[col]]
+        for col in ("sqnr_db", "local_sqnr_db", "weight_sqnr_db", "rmse_over_scale"):
+            assert df[col].equals(run.table[col])  # bit for bit (NaN where the first table has NaN)

@@ -529,7 +529,8 @@ class _Prepared(NamedTuple):
     rows: list[_RowPlan]
     inputs: list[tuple[int, tuple[_Read, ...], torch.Tensor]]
     order: dict[int, int]
-    weights: dict[int, tuple[float | None, float | None]]  # filled on first use
+    static: dict[int, dict[str, Any]]  # per handle, the table columns that depend on no sample
+    readings: dict[tuple, list]  # see _readings
 
 
 def _prepared(inspector: Any, method: str) -> _Prepared:
@@ -541,13 +542,15 @@ def _prepared(inspector: Any, method: str) -> _Prepared:
         chains, last, runner = _float_ends(fgm, groups), _edge_last(qgm), _JointRunner(fgm)
         cache[method] = _Prepared(fgm, qgm, groups, chains, last, runner, _row_plans(groups, chains, last),
                                   _input_plans(qgm, last, runner.placeholders), {h: i for i, h in enumerate(last)},
-                                  {})
+                                  {}, {})
     return cache[method]
 
 
 def _drop_float_values(inspector: Any) -> None:
-    """Forgets the float values kept for later tables (the next table runs the float pass again)."""
+    """Forgets the float values and the runtime readings kept for later tables (the next table reads the ETDump
+    and runs the float pass again)."""
     for prep in inspector.__dict__.get("_float_reference", {}).values():
+        prep.readings.clear()
         prep.runner.floats.clear()
         prep.runner.float_bytes = 0
 
@@ -557,12 +560,14 @@ def _default_method(inspector: Any, method: str | None) -> str:
                       else inspector.methods[0])
 
 
-def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pre: bool = False
-                ) -> Iterator[tuple]:
-    """Per recorded sample: (flat inputs, {row node: runtime value}, {row node: (handle, runtime node name)},
-    the joint module's {row node: (float value, local value, sums)}, {row node: the runtime value before the
-    group's output quantization, where it has one})."""
-    prep = _prepared(inspector, method)
+def _readings(inspector: Any, prep: _Prepared, method: str, runs: Sequence[int] | None, want_pre: bool) -> list:
+    """Per recorded sample: (representative input index, flat inputs, {row node: runtime value}, {row node:
+    (handle, runtime node name)}, {row node: the runtime value before the group's output quantization, where it
+    has one}, {input index: the runtime's dequantized input}). Read from the ETDump once per Inspector."""
+    key = (method, tuple(runs) if runs is not None else None, want_pre)
+    if key in prep.readings:
+        return prep.readings[key]
+    out = []
     for index, inputs, entries in _samples(inspector, method, runs):
         rt = _runtime_by_edge_handle(entries, prep.order)
         rows: dict[torch.fx.Node, torch.Tensor] = {}
@@ -578,9 +583,19 @@ def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pr
                 before = _read(plan.own, rt)
                 if before is not None and before[0].numel() == plan.shape.numel():
                     pre[plan.end] = before[0].reshape(plan.shape).to(plan.dtype)
-        flat = pytree.tree_leaves(tuple(inputs))
-        values = prep.runner.run(flat, _quantized_inputs(prep.inputs, rt), rows, sample=index)
-        yield flat, rows, ends, values, pre
+        out.append((index, pytree.tree_leaves(tuple(inputs)), rows, ends, pre, _quantized_inputs(prep.inputs, rt)))
+    prep.readings[key] = out
+    return out
+
+
+def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pre: bool = False
+                ) -> Iterator[tuple]:
+    """Per recorded sample: (flat inputs, {row node: runtime value}, {row node: (handle, runtime node name)},
+    the joint module's {row node: (float value, local value, sums)}, {row node: the runtime value before the
+    group's output quantization, where it has one})."""
+    prep = _prepared(inspector, method)
+    for index, flat, rows, ends, pre, runtime_inputs in _readings(inspector, prep, method, runs, want_pre):
+        yield flat, rows, ends, prep.runner.run(flat, runtime_inputs, rows, sample=index), pre
 
 
 def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
@@ -740,46 +755,51 @@ def _weight_error(fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, chain: l
     return _sqnr(_sq(w), noise), noise / max(1, w.numel())
 
 
+_COLUMNS = ["float_debug_handle", "aot_debug_handle", "aot_ops", "float_op", "runtime_ops", "gap", "local_gap",
+            "metric", "sqnr_db", "local_sqnr_db", "rmse_over_scale", "output_scale", "weight_sqnr_db", "weight_mse",
+            "quantized", "samples", "aot_intermediate_output", "runtime_intermediate_output", "module", "source",
+            "shape"]
+
+
+def _static_columns(prep: _Prepared, h: int) -> dict[str, Any]:
+    """The columns of handle ``h``'s row that depend on no sample (computed once per Inspector)."""
+    if h not in prep.static:
+        chain, g = prep.chains[h], prep.groups[h]
+        w_sqnr, w_mse = _weight_error(prep.fgm, prep.qgm, chain, g)
+        paths = module_paths(chain[0])
+        prep.static[h] = {
+            "float_debug_handle": h, "aot_debug_handle": (h,), "aot_ops": [n.name for n in chain],
+            "float_op": str(chain[0].target), "output_scale": g.output_scale, "weight_sqnr_db": w_sqnr,
+            "weight_mse": w_mse, "quantized": bool(g.output_scale is not None or g.weight_dequant is not None),
+            "module": paths[-1] if paths else "", "source": source_location(chain[0].meta.get("stack_trace"))}
+    return prep.static[h]
+
+
 def _table(stats: dict[int, _Stats], prep: _Prepared, comparator: Any, local: bool) -> pd.DataFrame:
     rows = []
-    for h, chain in prep.chains.items():
+    metric = getattr(comparator, "name", type(comparator).__name__)
+    for h in prep.chains:
         s = stats.get(h)
         if s is None or s.first is None:
             continue
         g = prep.groups[h]
-        if h not in prep.weights:  # static: computed once per Inspector
-            prep.weights[h] = _weight_error(prep.fgm, prep.qgm, chain, g)
-        w_sqnr, w_mse = prep.weights[h]
         local_rmse = math.sqrt(s.local_noise / max(1, s.elements))
-        paths = module_paths(chain[0])
+        names = [n.name for n in g.nodes]
         rows.append({
-            "float_debug_handle": h,
-            "aot_debug_handle": (h,),
-            "aot_ops": [n.name for n in chain],
-            "float_op": str(chain[0].target),
-            "runtime_ops": [n.name for n in g.nodes] + ([s.runtime_node] if s.runtime_node not in
-                                                        [n.name for n in g.nodes] else []),
+            **(static := _static_columns(prep, h)), "aot_ops": list(static["aot_ops"]),
+            "runtime_ops": names + ([s.runtime_node] if s.runtime_node not in names else []),
             "gap": [sum(s.gaps) / len(s.gaps)],
             "local_gap": [sum(s.local_gaps) / len(s.local_gaps)] if local else [None],
-            "metric": getattr(comparator, "name", type(comparator).__name__),
+            "metric": metric,
             "sqnr_db": _sqnr(s.signal, s.noise),
             "local_sqnr_db": _sqnr(s.local_signal, s.local_noise) if local else None,
             "rmse_over_scale": local_rmse / g.output_scale if g.output_scale else None,
-            "output_scale": g.output_scale,
-            "weight_sqnr_db": w_sqnr,
-            "weight_mse": w_mse,
-            "quantized": bool(g.output_scale is not None or g.weight_dequant is not None),
             "samples": len(s.gaps),
             "aot_intermediate_output": s.first[0],
             "runtime_intermediate_output": s.first[1],
-            "module": paths[-1] if paths else "",
-            "source": source_location(chain[0].meta.get("stack_trace")),
             "shape": tuple(s.first[0].shape),
         })
-    return pd.DataFrame(rows, columns=[
-        "float_debug_handle", "aot_debug_handle", "aot_ops", "float_op", "runtime_ops", "gap", "local_gap", "metric",
-        "sqnr_db", "local_sqnr_db", "rmse_over_scale", "output_scale", "weight_sqnr_db", "weight_mse", "quantized",
-        "samples", "aot_intermediate_output", "runtime_intermediate_output", "module", "source", "shape"])
+    return pd.DataFrame(rows, columns=_COLUMNS)
 
 
 def rank_quantization_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
