@@ -386,7 +386,7 @@ class _Out:
     scalar: Any = None  # static non-tensor values
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Log:
     """What a traced run does to log one value. A static tensor: ``prepare`` (if any) first copies it into
     private staging memory, then its ``nbytes`` at ``address`` (``data`` views them) are queued as the run's
@@ -399,7 +399,7 @@ class _Log:
     mark: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Step:
     """One instruction of a traced run: its profile event, the values it logs, and the blob mark the writer
     must have reached before it runs (``wait_for``; 0: no wait), because it overwrites their arena bytes."""
@@ -641,6 +641,11 @@ class ProgramTracer:
         self._bundled_input_index = -1
         self.run_id = ed.new_run_id()  # identity of this recording: in the ETDump and the debug buffer trailer
         self._lent: dict[int, tuple[int, int]] = {}  # data_ptr -> (offset, nbytes) lent to a delegate this run
+        # set by each run that logs values: a blob's offset comes from ``_alloc``, is noted in the run by
+        # ``_note`` and the blob is queued for the writer by ``_put``
+        self._alloc: Callable[[int], int] | None = None
+        self._note: Callable[[int], None] | None = None
+        self._put: Callable[[tuple], None] | None = None
         self._idle()
 
     def _idle(self) -> None:
@@ -711,6 +716,8 @@ class ProgramTracer:
             self._mark = sink.used_bytes
             self._writer = _Writer(sink) if mt.run_bytes >= ASYNC_MIN_BYTES else _InlineWriter(sink)
         self._run, self._steps, self._stamp = run, mt.by_instruction, run.times.append
+        if sink is not None:  # what each logged blob calls: its offset, noted in the run, queued for the writer
+            self._alloc, self._note, self._put = sink.alloc, run.offsets.append, self._writer.q.put
         try:
             if sink is not None:
                 self._log_inputs(mt, run)
@@ -759,14 +766,14 @@ class ProgramTracer:
 
     def _log(self, logs: list[_Log]) -> None:
         """Runs a step's logs: static blobs get their offset and are queued for the writer."""
-        alloc, offsets, qput = self._sink.alloc, self._run.offsets, self._writer.q.put
+        alloc, note, put = self._alloc, self._note, self._put
         for lg in logs:
             if lg.prepare is not None:
                 lg.prepare()
             if lg.data is not None:
                 off = alloc(lg.nbytes)
-                offsets.append(off)
-                qput((off, lg.address, lg.data, None, lg.mark))
+                note(off)
+                put((off, lg.address, lg.data, None, lg.mark))
 
     def _log_inputs(self, mt: _MethodTrace, run: _ExecRun) -> None:
         """Logs the method's flat inputs of this call (copied in already) as ``input:<name>`` debug events."""
