@@ -147,6 +147,7 @@ def test_the_compiler_does_not_reach_the_developer_tools():
     graph = _graph()
     assert not [(a, b) for a, deps in graph.items() if _layer(a) == "exir" for b in deps if _layer(b) == "devtools"]
     assert "edgetorch.devtools.etrecord" in graph["edgetorch"]  # the root wires the ETRecord builder
+    assert not [b for b in graph["edgetorch.exir.passes"] if b.startswith("edgetorch.exir.backend")]
 
 
 def test_the_checker_sees_cycles_and_type_checking_imports(tmp_path):
