@@ -48,8 +48,6 @@ def test_tracer_reserves_what_one_run_stores(programs, kind):
     p.tracer.close()
 
 
-@pytest.mark.xfail(strict=True, reason="emission (exir/emit.py) still counts only instruction outputs; it must "
-                   "store pf.run_debug_bytes(plan, <bytes its delegates declare>) (issue 14 part A)")
 @pytest.mark.parametrize("kind", ["portable", "onnxruntime"])
 def test_method_meta_promises_what_the_tracer_reserves(programs, kind):
     bufs, _ = programs

@@ -22,7 +22,6 @@ KV cache); otherwise a ``copy`` instruction at the end of the method stores the 
 from __future__ import annotations
 
 import hashlib
-import math
 import operator
 import warnings
 from dataclasses import dataclass
@@ -42,8 +41,8 @@ from edgetorch.exir.symbolic import SymbolTable, is_dynamic_tensor, sym_tensor_d
 from edgetorch.exir.verifier import _IGNORED_TARGETS
 from edgetorch.formats import program as pf
 from edgetorch.formats import symexpr
-from edgetorch.formats.alignment import ALIGNMENT, debug_bytes
-from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, code_dtype, dtype_code, storage_nbytes
+from edgetorch.formats.alignment import ALIGNMENT
+from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, dtype_code, storage_nbytes
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup, OutputSource
 
 
@@ -140,6 +139,7 @@ class _MethodEmitter:
         self.planned: list[int] = []
         self.inputs: list[int] = []
         self.handle_groups: list[HandleGroup] = []
+        self.delegate_debug_bytes = 0  # what the delegate calls declare one traced call of theirs logs
         self._null: int | None = None
         self.symbols = symbol_table(ep, name)
         self.mutable_buffers: list[pf.MutableBufferDef] = []
@@ -394,6 +394,7 @@ class _MethodEmitter:
         self.instructions.append(pf.InstructionDef(
             pf.DelegateCallDef(len(self.delegates) - 1, args, outs), node.name, 0, self._source(node)))
         name = lowered.backend_id
+        self.delegate_debug_bytes += lowered.debug_buffer_bytes or 0
         self.handle_groups.append(HandleGroup(DELEGATE_CALL, at, tuple(lowered.debug_handles()), None, name,
                                               _output_sources(lowered)))
         self.handle_groups += [HandleGroup(IN_DELEGATE, at, tuple(hs), did, name)
@@ -526,9 +527,6 @@ class _MethodEmitter:
         mp = plan_memory(buffers, self.alignment)
         for v, off in mp.offsets.items():
             self.values[v].arena_offset = off
-        logged = [self.values[o] for ins in self.instructions  # views alias logged tensors: not stored again
-                  if not (isinstance(ins.call, pf.KernelCallDef) and ins.call.kind == pf.CALL_VIEW)
-                  for o in ins.call.outputs]
         sig = self.ep.graph_signature
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -539,9 +537,9 @@ class _MethodEmitter:
             input_spec=in_spec, output_spec=out_spec,
             input_names=[s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT],
             output_names=output_names, operators=self.operators, delegates=self.delegates,
-            instructions=self.instructions, arena_size=mp.arena_size,
-            debug_buffer_bytes=debug_bytes(math.prod(t.sizes) * code_dtype(t.scalar_type).itemsize for t in logged),
+            instructions=self.instructions, arena_size=mp.arena_size, debug_buffer_bytes=0,
             symbols=list(self.symbols.symbols), mutable_buffers=self.mutable_buffers)
+        plan.debug_buffer_bytes = pf.run_debug_bytes(plan, self.delegate_debug_bytes)  # what the tracer reserves
         verify_memory_plan(plan)
         return EmittedMethod(plan, mp, self.handle_groups)
 

@@ -701,4 +701,4 @@ class OrtBackend(BackendDetails):
             dmap[name] = tuple(hs)
         for name, hs in header["values"].items():
             dmap[name] = tuple(sorted(set(dmap.get(name, ())) | set(hs)))
-        return PreprocessResult(blob, dmap)
+        return PreprocessResult(blob, dmap, debug_buffer_bytes=header["debug_bytes"])

@@ -15,11 +15,14 @@ from edgetorch.exir.backend.partitioner import CompileSpec
 @dataclass
 class PreprocessResult:
     """``processed_bytes``: the delegate blob; ``debug_handle_map``: backend op id (int or str) -> the edge debug
-    handles that op computes, so runtime events inside the delegate can be traced to source ops."""
+    handles that op computes, so runtime events inside the delegate can be traced to source ops;
+    ``debug_buffer_bytes``: what one traced call logs in the debug buffer (what its runtime handle will declare as
+    ``debug_buffer_bytes``; None: nothing or unknown), counted in the method's ``debug_buffer_bytes``."""
 
     processed_bytes: bytes
     debug_handle_map: dict[int | str, tuple[int, ...]] = field(default_factory=dict)
     data_store_output: dict | None = None
+    debug_buffer_bytes: int | None = None
 
 
 class BackendDetails(ABC):

@@ -31,6 +31,7 @@ class LoweredBackendModule:
     debug_handle_map: dict = field(default_factory=dict)  # backend op id -> tuple of edge handles
     output_meta: list = field(default_factory=list)  # [(shape, dtype)] of the outputs
     key: str = ""
+    debug_buffer_bytes: int | None = None  # what one traced call logs (``PreprocessResult.debug_buffer_bytes``)
 
     def __post_init__(self) -> None:
         if not self.key:

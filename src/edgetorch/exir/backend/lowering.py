@@ -161,7 +161,7 @@ def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: st
         lowered = LoweredBackendModule(
             spec.backend_id, bytes(res.processed_bytes), list(spec.compile_specs), sub_ep,
             {k: tuple(v) for k, v in (res.debug_handle_map or {}).items()},
-            [(tuple(v.shape), v.dtype) for v in out_vals])
+            [(tuple(v.shape), v.dtype) for v in out_vals], debug_buffer_bytes=res.debug_buffer_bytes)
         last = nodes[-1]
         with gm.graph.inserting_after(last):
             call = gm.graph.call_function(CALL_DELEGATE, (list(act_inputs), lowered.key))
