@@ -23,7 +23,8 @@ class BackendRuntime(Protocol):
 
     def execute(self, handle: Any, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                 tracer: Any = None) -> None:
-        """Runs the delegate, writing its results into ``outputs`` (planned tensors)."""
+        """Runs the delegate, writing its results into ``outputs`` (planned tensors). ``tracer``: the method's
+        observer (None without one); the backend may call the ``runtime.observer.DelegateEvents`` it has."""
 
 
 _REGISTRY: dict[str, BackendRuntime] = {}
