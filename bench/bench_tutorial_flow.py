@@ -1,7 +1,7 @@
 """The tutorial flow on a zoo model (ViT-B/16 by default), step by step, each step in a fresh process.
 
 Usage: python bench/bench_tutorial_flow.py [--model vit_b_16] [--backends portable onnxruntime]
-       [--buffer-mb 1024] [--threads 1] [--runs 5]
+       [--buffer-mb 1024] [--threads 1] [--runs 5] [--observer-effect first|every|off]
 
 Steps, per backend (portable: ``to_edge``; onnxruntime: ``OrtPartitioner``), as in the README's tutorial:
 
@@ -15,7 +15,8 @@ Steps, per backend (portable: ``to_edge``; onnxruntime: ``OrtPartitioner``), as 
 
 Every step reports its process's peak RSS (``VmHWM`` of ``/proc/self/status``: the child's own, unlike
 ``ru_maxrss`` of a child started by fork+exec, which also counts the parent at the fork); the flow's peak is the
-largest. With 1 thread the child is pinned to one core.
+largest. With 1 thread the child is pinned to one core. ``--observer-effect`` sets the onnxruntime delegates'
+``observer_effect`` (default ``first``: the first debug run also runs the plain session to compare).
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ def _child(a: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    if a.observer_effect:
+        from edgetorch.backends.onnxruntime.runtime import set_runtime_options
+
+        set_runtime_options(observer_effect=a.observer_effect)
     if a.threads == 1:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:1])
     out = _STEPS[a.step](a)
@@ -159,7 +164,8 @@ def _child(a: argparse.Namespace) -> None:
 
 def _run_step(a: argparse.Namespace, backend: str, step: str, d: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--step", step, "--backends", backend, "--dir", d,
-           "--model", a.model, "--buffer-mb", str(a.buffer_mb), "--threads", str(a.threads), "--runs", str(a.runs)]
+           "--model", a.model, "--buffer-mb", str(a.buffer_mb), "--threads", str(a.threads), "--runs", str(a.runs),
+           *(["--observer-effect", a.observer_effect] if a.observer_effect else [])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("RESULT ")), None)
     if r.returncode or line is None:
@@ -175,6 +181,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", nargs="+", default=list(_STEPS))
+    ap.add_argument("--observer-effect", choices=["first", "every", "off"])
     ap.add_argument("--step", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     a = ap.parse_args()
