@@ -8,7 +8,9 @@ encoder and a small-config Hugging Face BERT (random weights), portable and ONNX
    that runs the float and the local pass (the float values kept by an earlier table forgotten first);
    ``warm_x``, a later table of the same Inspector (the float values of the recorded samples kept: only the
    local pass runs); ``cold_total_x``, the very first table of an Inspector, which also deserializes the float
-   program and maps it (in float forwards of all N samples). Target: <= 3x.
+   program and maps it (in float forwards of all N samples). Target: <= 3x. ``*_cpu_x``: the same ratios in
+   the thread's CPU time (``time.thread_time``), which other jobs on a busy machine disturb much less than
+   wall time (every timed function runs on this thread: one torch thread).
 2. planted bad layer: one layer's int8 weight re-quantized with an 8x larger scale (``coarsen_weight``: 3 bits of
    precision lost), then is it the top culprit (lowest local SQNR)? Target: >= 95 % of plants.
 3. selective fallback on the model where INT8 loses most (lowest cosine to float on held-out samples): keeping
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -95,14 +98,30 @@ def cost(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], 
         _drop_float_values(inspector)
         float_numeric_gap(inspector, "MSE")
 
-    t = alternate({"float": forward, "table": first, "warm": lambda: float_numeric_gap(inspector, "MSE")}, repeats)
+    fns = {"float": forward, "table": first, "warm": lambda: float_numeric_gap(inspector, "MSE")}
+    t, c = alternate(fns, repeats), alternate_cpu(fns, repeats)
     n = len(samples)
     return {"model": name, "backend": backend, "rows": len(table), "samples": n,
             "float_forward_ms": t["float"] / n * 1e3, "table_ms_per_sample": t["table"] / n * 1e3,
             "per_sample_x": t["table"] / t["float"], "warm_x": t["warm"] / t["float"],
-            "cold_total_x": cold / t["float"],
+            "cold_total_x": cold / t["float"], "per_sample_cpu_x": c["table"] / c["float"],
+            "warm_cpu_x": c["warm"] / c["float"],
             "cosine": cosine_to_float(model, samples, run.outputs),
             "top3": [ops[0] for ops in rank_quantization_culprits(table, 3)["aot_ops"]]}
+
+
+def alternate_cpu(fns: dict, runs: int, warmup: int = 2) -> dict[str, float]:
+    """``_common.alternate`` in the calling thread's CPU time: median seconds, interleaved runs."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, f in fns.items():
+            t0 = time.thread_time()
+            f()
+            samples[k].append(time.thread_time() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def plant_targets(model: torch.nn.Module, samples: list[tuple], k: int) -> list[str]:

@@ -353,7 +353,7 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
     return torch.fx.GraphModule(fgm, g)
 
 
-_STACKED = 8192  # rows up to this many elements are reduced stacked
+_STACKED = 1024  # rows up to this many elements are reduced stacked (larger ones: stacking costs more)
 
 
 def _row_sums(refs: list[torch.Tensor], locs: list[torch.Tensor], rts: list[torch.Tensor]) -> list[float]:
@@ -404,6 +404,22 @@ class _JointRunner:
             ) -> dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor, list[float]]]:
         """Per row: (float value, local value, [Σref², Σ(ref − rt)², Σlocal², Σ(local − rt)²]). ``sample``: a key
         of the recorded input (None: nothing kept)."""
+        return self.run_all([(inputs, runtime_inputs, rows, sample)])[0]
+
+    def run_all(self, batch: list[tuple]) -> list[dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor, list[float]]]]:
+        """:meth:`run` on every (inputs, runtime inputs, rows, sample) of ``batch``, the sums of all of them
+        reduced together (fewer, larger calls)."""
+        done = [self._values(*item) for item in batch]
+        sums = _row_sums([t for d in done for t in d[1]], [t for d in done for t in d[2]],
+                         [t for d in done for t in d[3]])
+        out, at = [], 0
+        for row_nodes, floats, locs, _ in done:
+            out.append({n: (floats[k], locs[k], sums[at + 4 * k:at + 4 * k + 4]) for k, n in enumerate(row_nodes)})
+            at += 4 * len(row_nodes)
+        return out
+
+    def _values(self, inputs: list[Any], runtime_inputs: dict[int, torch.Tensor],
+                rows: dict[torch.fx.Node, torch.Tensor], sample: Any) -> tuple:
         row_nodes = tuple(n for n in self.fgm.graph.nodes if n in rows)
         index = tuple(i for i in sorted(runtime_inputs) if i < len(self.placeholders))
         args = [*inputs, *[runtime_inputs[i] for i in index], *[rows[n] for n in row_nodes]]
@@ -417,9 +433,7 @@ class _JointRunner:
             if sample is not None and self.float_bytes + size <= _FLOAT_CACHE_BYTES:
                 self.floats[(sample, row_nodes)] = floats
                 self.float_bytes += size
-        rts = [rows[n] for n in row_nodes]
-        sums = _row_sums(floats, locs, rts)
-        return {n: (floats[k], locs[k], sums[4 * k:4 * k + 4]) for k, n in enumerate(row_nodes)}
+        return row_nodes, floats, locs, [rows[n] for n in row_nodes]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -594,8 +608,10 @@ def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pr
     the joint module's {row node: (float value, local value, sums)}, {row node: the runtime value before the
     group's output quantization, where it has one})."""
     prep = _prepared(inspector, method)
-    for index, flat, rows, ends, pre, runtime_inputs in _readings(inspector, prep, method, runs, want_pre):
-        yield flat, rows, ends, prep.runner.run(flat, runtime_inputs, rows, sample=index), pre
+    readings = _readings(inspector, prep, method, runs, want_pre)
+    values = prep.runner.run_all([(flat, rti, rows, index) for index, flat, rows, _, _, rti in readings])
+    for (_, flat, rows, ends, pre, _), v in zip(readings, values):
+        yield flat, rows, ends, v, pre
 
 
 def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
