@@ -194,7 +194,7 @@ def _reseal_ort_blobs(data: bytearray) -> None:
     at = data.find(_blob.MAGIC)
     while at >= 0:
         magic, version, head_len, total, head_crc, _ = _blob._FIXED.unpack_from(data, at)
-        start = at + _blob._aligned(_blob._FIXED.size + head_len)
+        start = at + _blob.align(_blob._FIXED.size + head_len)
         crc = zlib.crc32(memoryview(data)[start:at + total])
         data[at:at + _blob._FIXED.size] = _blob._FIXED.pack(magic, version, head_len, total, head_crc, crc)
         at = data.find(_blob.MAGIC, at + total)
