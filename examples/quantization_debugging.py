@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
         print(worst[COLUMNS].to_string(index=False, float_format="%.3g"))
         print("accumulated SQNR of the last float op compared:", f"{table['sqnr_db'].iloc[-1]:.2f} dB")
         report = selective_fallback(model, samples, recipe_type(args.backend), max_layers=args.fallback_layers)
-        print("layers kept in float, step by step (cosine to the float model, latency on the edgetorch runtime):")
-        cols = ["step", "kept_float", "cosine", "accuracy_recovered", "latency_ms", "latency_vs_int8"]
+        print("layers kept in float as blocks (op, its output, the inputs only it reads), step by step:")
+        cols = ["step", "kept_float", "float_activations", "cosine", "accuracy_recovered", "latency_ms",
+                "latency_vs_int8"]
         print(report.steps[cols].to_string(index=False, float_format="%.5f"))
         steps[name] = report.steps
     return steps

@@ -7,14 +7,19 @@ on edgetorch's export recipes::
     from edgetorch.export import PortableRecipeType
 
     report = selective_fallback(model, calibration_samples, PortableRecipeType.INT8_STATIC_PER_CHANNEL)
-    print(report.culprits[["aot_ops", "local_sqnr_db", "weight_sqnr_db"]])   # which layer's INT8 hurts
+    print(report.table[["aot_ops", "local_sqnr_db", "weight_sqnr_db"]])   # each layer's INT8 error
+    print(report.culprits)           # the layers chosen: nodes and values kept float, simulated cosine
     print(report.steps)              # per step: layers kept float, cosine to float, accuracy recovered, latency
 
-Step 0 is the INT8 program; step ``s`` keeps the ``s`` worst layers (lowest local SQNR in the float-reference gap
-table, :mod:`edgetorch.devtools.inspector.float_reference`) in float through the recipe's quantization exclusions
-(``quant_exclude_nodes``) and is exported and measured again. ``accuracy_recovered`` is the share of the cosine
-to the float model that INT8 lost and the step won back; ``latency_ms`` the median wall time of one run on the
-edgetorch runtime (no ETDump), next to the float program's on the same backend.
+Step 0 is the INT8 program; step ``s`` keeps the first ``s`` chosen layers in float through the recipe's
+quantization exclusions and is exported and measured again. By default (``ranking="block"``) a layer is kept float
+as a *block*: the op (``quant_exclude_nodes``), its output and each input no other quantized op reads
+(``quant_exclude_activations``), chosen greedily by :func:`simulate_blocks` on the fake-quantized model (no
+re-export; its cosine is what the re-exported program measures). The other rankings order the rows of the
+float-reference gap table (:mod:`edgetorch.devtools.inspector.float_reference`) and keep only the op float.
+``accuracy_recovered`` is the share of the cosine to the float model that INT8 lost and the step won back;
+``latency_ms`` the median wall time of one run on the edgetorch runtime (no ETDump), next to the float program's
+on the same backend.
 """
 
 from __future__ import annotations
