@@ -172,6 +172,8 @@ class Inspector:
                                                                                              str(did))))
                 if g and ev.name not in FRAMEWORK_EVENTS:
                     self._link(ev, g, nodes)
+                elif did is not None and (call := groups.get((ev.instruction_id, None))) is not None:
+                    ev.delegate_backend_name = call.backend  # a backend's own event (no handles): its backend
             refs = (self._etrecord.reference_outputs or {}).get(block.method)
             if refs and block.bundled_input_index is not None and block.bundled_input_index < len(refs):
                 block.reference_output = refs[block.bundled_input_index]
