@@ -301,6 +301,19 @@ def _mutable(n: torch.fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
 
 
+def _functional(op: Any) -> Any:
+    """The out-of-place twin of an in-place ATen op (``aten.hardtanh_.default`` -> ``aten.hardtanh.default``),
+    or None."""
+    name = getattr(op, "_schema", None) and op._schema.name
+    if not name or not name.startswith("aten::") or not name.endswith("_") or name.endswith("__"):
+        return None
+    packet = getattr(torch.ops.aten, name[len("aten::"):-1], None)
+    twin = getattr(packet, op._overloadname, None) if packet is not None else None
+    if twin is None or twin._schema.is_mutable or len(twin._schema.arguments) != len(op._schema.arguments):
+        return None
+    return twin
+
+
 def _meta_tensor(n: torch.fx.Node) -> torch.Tensor | None:
     v = n.meta.get("val")
     return v if isinstance(v, torch.Tensor) else None
@@ -328,6 +341,9 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
     def call(n: torch.fx.Node, env: Any) -> torch.fx.Node:
         args = torch.fx.node.map_arg(n.args, env)
         kwargs = torch.fx.node.map_arg(n.kwargs, env)
+        functional = _functional(n.target) if _mutable(n) else None
+        if functional is not None:  # relu_ -> relu: the same values, no write into values other rows read
+            return g.call_function(functional, args, kwargs)
         if _mutable(n):  # never write into values other rows still read
             clone = torch.ops.aten.clone.default
             args = torch.fx.node.map_arg(args, lambda a: g.call_function(clone, (a,)))
@@ -348,8 +364,9 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
         elif differs:
             rt[n] = local
     g.output(tuple(outs))
-    if not with_float:
-        g.eliminate_dead_code()
+    if not with_float:  # drop the float pass the local one does not read: every op is pure here (in-place ops made
+        # out-of-place or run on clones; an inference dropout is the identity)
+        g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output"))
     return torch.fx.GraphModule(fgm, g)
 
 
