@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,6 +62,13 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(a == b, torch.zeros((), dtype=a.dtype), a - b)
 
 
+def _reduce_diff(a: torch.Tensor, b: torch.Tensor, reduce: Callable[[torch.Tensor], float]) -> float:
+    """``reduce(_diff(a, b))``, from the plain ``a - b`` when that reduces to a finite number (then no element
+    was non-finite, and ``_diff``'s masking pass is not needed)."""
+    v = reduce(a - b)
+    return v if math.isfinite(v) else reduce(_diff(a, b))
+
+
 def _prep(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat views of both tensors in a common floating dtype of at least float32 (no copy for float32)."""
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
@@ -83,7 +91,7 @@ class MSEComparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return 0.0
-        return _sq_norm(_diff(a, b)) / a.numel()
+        return _reduce_diff(a, b, _sq_norm) / a.numel()
 
 
 class L1Comparator(NumericalComparatorBase):
@@ -96,7 +104,7 @@ class L1Comparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return 0.0
-        return torch.linalg.vector_norm(_diff(a, b), ord=1, dtype=torch.float64).item()
+        return _reduce_diff(a, b, lambda d: torch.linalg.vector_norm(d, ord=1, dtype=torch.float64).item())
 
 
 class MaxAbsComparator(NumericalComparatorBase):
@@ -107,7 +115,7 @@ class MaxAbsComparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return 0.0
-        return torch.max(torch.abs(_diff(a, b))).item()
+        return _reduce_diff(a, b, lambda d: torch.max(torch.abs(d)).item())
 
 
 class SNRComparator(NumericalComparatorBase):
@@ -120,7 +128,7 @@ class SNRComparator(NumericalComparatorBase):
         a, b = _prep(a, b)
         if not a.numel() or torch.equal(a, b):
             return math.inf
-        noise = _sq_norm(_diff(a, b))
+        noise = _reduce_diff(a, b, _sq_norm)
         signal = _sq_norm(a)
         if noise == 0.0:
             return math.inf

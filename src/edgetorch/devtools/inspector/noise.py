@@ -83,15 +83,20 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 
 def rel_error(ref: torch.Tensor, rt: torch.Tensor) -> float | None:
-    """``||rt - ref||_2 / max(||ref||_2, tiny)`` in float64; None for integer/bool tensors."""
+    """``||rt - ref||_2 / max(||ref||_2, tiny)`` in float64 (equal elements, equal infinities too, count 0);
+    None for integer/bool tensors."""
     if not ref.dtype.is_floating_point:
         return None
-    a = ref.detach().reshape(-1).double()
-    b = rt.detach().reshape(-1).double()
-    if not a.numel() or torch.equal(a, b):
+    a, b = ref.detach().reshape(-1), rt.detach().reshape(-1)
+    if not a.numel() or (a.dtype == b.dtype and torch.equal(a, b)):
         return 0.0
-    d = torch.where(a == b, torch.zeros((), dtype=torch.float64), a - b)
+    a = a.double()
+    d = a - b  # b is promoted element by element: the difference is exact in float64
     num = torch.linalg.vector_norm(d).item()
+    if not math.isfinite(num):  # inf - inf is nan: count equal elements as 0 (a slower pass, only here)
+        num = torch.linalg.vector_norm(torch.where(a == b, torch.zeros((), dtype=torch.float64), d)).item()
+    if num == 0.0:
+        return 0.0
     den = max(torch.linalg.vector_norm(a).item(), torch.finfo(ref.dtype).tiny)
     return num / den if math.isfinite(num) else math.inf
 
