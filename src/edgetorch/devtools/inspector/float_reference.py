@@ -41,7 +41,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from edgetorch.devtools.inspector.comparators import get_comparator
-from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry
+from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry, runtime_entries
 from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.export.quantizer import ANNOTATED_OPS, float_handle, module_paths
@@ -522,7 +522,7 @@ def _samples(inspector: Any, method: str, runs: Sequence[int] | None
             i = b.bundled_input_index if b.bundled_input_index is not None else index
             index += 1
             if i < len(reps) and (runs is None or i in runs):
-                out.append((i, reps[i], inspector._runtime_entries(b, r)[0]))
+                out.append((i, reps[i], runtime_entries(b.events, r)))
     if not out:
         raise InspectorError(f"no execution of method '{method}' matches a representative input (runs={runs}, "
                              f"{len(reps)} inputs recorded)")

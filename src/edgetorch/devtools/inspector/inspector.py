@@ -32,7 +32,6 @@ from edgetorch.devtools.inspector.events import (
 )
 from edgetorch.devtools.inspector.numeric_gap import (
     Coverage,
-    RuntimeEntry,
     compute_numeric_gap,
     reference_handles,
     runtime_entries,
@@ -102,6 +101,7 @@ class Inspector:
         self._handle_nodes: dict[str, dict[int, list[torch.fx.Node]]] = {}
         if self._etrecord is not None:
             self._associate()
+            self._attach_reference_outputs()
         self.last_gap_coverage: Coverage | None = None
         #: per delegate call that measured it: how much exposing its intermediates changed its final outputs
         self.observer_effects: list[ObserverEffect] = observer_effects(self.event_blocks)
@@ -174,6 +174,10 @@ class Inspector:
                     self._link(ev, g, nodes)
                 elif did is not None and (call := groups.get((ev.instruction_id, None))) is not None:
                     ev.delegate_backend_name = call.backend  # a backend's own event (no handles): its backend
+
+    def _attach_reference_outputs(self) -> None:
+        """A bundled run's block gets the expected outputs the ETRecord recorded for its input."""
+        for block in self.event_blocks:
             refs = (self._etrecord.reference_outputs or {}).get(block.method)
             if refs and block.bundled_input_index is not None and block.bundled_input_index < len(refs):
                 block.reference_output = refs[block.bundled_input_index]
@@ -285,11 +289,6 @@ class Inspector:
         if not blocks:
             raise InspectorError(f"the ETDump has no execution of method '{method}'; methods run: {self.methods}")
         return blocks[0]
-
-    def _runtime_entries(self, block: EventBlock, run: int) -> tuple[list[RuntimeEntry], set[int]]:
-        """``numeric_gap.runtime_entries`` of one run of ``block`` (and an empty set, for the callers that still
-        unpack the pair this returned before)."""
-        return runtime_entries(block.events, run), set()
 
     def _reference(self, method: str, reference_graph: str | None) -> tuple[torch.fx.GraphModule, str]:
         rec = self._etrecord

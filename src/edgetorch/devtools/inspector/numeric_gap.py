@@ -110,21 +110,16 @@ def runtime_entries(events: list[Any], run: int) -> list[RuntimeEntry]:
     for ev in events:
         g = ev.handle_group
         data = ev.run_debug_data[run] if g is not None and run < len(ev.run_debug_data) else []
+        value = data if len(data) > 1 or (data and g.kind == DELEGATE_CALL) else (data[0] if data else None)
         if g is not None and g.kind == KERNEL:
-            e = kernels.get(g.handles)
-            if e is None:
-                e = kernels[g.handles] = RuntimeEntry(g, [], None)
-                entries.append(e)
+            e = kernels.get(g.handles) or kernels.setdefault(g.handles, RuntimeEntry(g, [], None))
+            entries += [e] if not e.ops else []
             e.ops.append(ev.name)
-            if data:
-                e.group, e.value = g, data if len(data) > 1 else data[0]
+            e.group, e.value = (g, value) if data else (e.group, e.value)
         elif data:
-            call = g.kind == DELEGATE_CALL
-            entries.append(RuntimeEntry(g, ["DELEGATE_CALL"] if call else [ev.name],
-                                        data if call or len(data) > 1 else data[0]))
-    entries = [e for e in entries if e.value is not None]
-    entries.sort(key=lambda e: (e.instruction_id, 0 if e.is_delegate_call else 1))
-    return entries
+            entries.append(RuntimeEntry(g, ["DELEGATE_CALL"] if g.kind == DELEGATE_CALL else [ev.name], value))
+    return sorted((e for e in entries if e.value is not None),
+                  key=lambda e: (e.instruction_id, 0 if e.is_delegate_call else 1))
 
 
 @dataclass
