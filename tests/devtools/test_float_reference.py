@@ -13,7 +13,6 @@ import sys
 import pytest
 import torch
 from torch import nn
-from torch.fx.interpreter import Interpreter
 
 from edgetorch.devtools import Inspector
 from edgetorch.devtools.etrecord import parse_etrecord
@@ -28,6 +27,7 @@ from edgetorch.errors import InspectorError
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, StageType, export
 from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, float_handle
 from edgetorch.runtime import Runtime
+from tests.quant_helpers import node_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INT8 = PortableRecipeType.INT8_STATIC_PER_TENSOR
@@ -46,19 +46,6 @@ class _Mlp(nn.Module):
 def _samples(n: int = 3) -> list[tuple]:
     g = torch.Generator().manual_seed(3)
     return [(torch.randn(2, 16, generator=g),) for _ in range(n)]
-
-
-def _values(gm: torch.fx.GraphModule, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-
-    class _Rec(Interpreter):
-        def run_node(self, n):  # noqa: ANN001, ANN202
-            out[n.name] = v = super().run_node(n)
-            return v
-
-    with torch.no_grad():
-        _Rec(gm).run(x)
-    return out
 
 
 def _downstream(gm: torch.fx.GraphModule, name: str) -> str:
@@ -106,7 +93,7 @@ def test_float_gap_matches_independent_computation(portable) -> None:  # noqa: A
     per: dict[str, list[float]] = {"relu": [], "linear_1": []}
     sig = noise = 0.0
     for (x,) in samples:
-        v = _values(gm, x)
+        v = node_values(gm, x)
         with torch.no_grad():
             f_relu = torch.relu(model.fc1(x))
             fc2_in = v[relu_dq]
@@ -119,7 +106,7 @@ def test_float_gap_matches_independent_computation(portable) -> None:  # noqa: A
     assert df.loc["linear_1", "local_gap"][0] == pytest.approx(sum(per["linear_1"]) / 3, rel=1e-3, abs=1e-12)
     assert df.loc["relu", "sqnr_db"] == pytest.approx(10 * math.log10(sig / noise), abs=1e-3)
     # weight error: the dequantized int8 weight of fc2 vs its float weight
-    dq_w = _values(gm, samples[0][0])[next(n for n in gm.graph.nodes if n.name == "linear_1").args[1].name]
+    dq_w = node_values(gm, samples[0][0])[next(n for n in gm.graph.nodes if n.name == "linear_1").args[1].name]
     w = model.fc2.weight.detach().double()
     want = 10 * math.log10(float((w ** 2).sum()) / float(((w - dq_w.double()) ** 2).sum()))
     assert df.loc["linear_1", "weight_sqnr_db"] == pytest.approx(want, abs=1e-3)
@@ -226,7 +213,7 @@ def test_output_impact_of_the_last_layer_is_its_own_noise(portable) -> None:  # 
     fc3 = next(n for n in gm.graph.nodes if n.name == "linear_2")
     noise = signal = 0.0
     for (x,) in samples:
-        v = _values(gm, x)
+        v = node_values(gm, x)
         with torch.no_grad():
             local = model.fc3(v[fc3.args[0].name])  # the float op on the runtime's dequantized input
             out = model(x)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.fx.interpreter import Interpreter
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 from edgetorch.devtools.quant_fallback import cosine_to_float, simulate_blocks
@@ -16,27 +15,9 @@ from edgetorch.errors import RecipeError
 from edgetorch.export import ExportRecipe, PortableRecipeType, export
 from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, capture_float_program
 from edgetorch.runtime import Runtime
+from tests.quant_helpers import TinyConvNet, conv_samples, node_values
 
 INT8 = PortableRecipeType.INT8_STATIC_PER_CHANNEL
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.head = nn.Linear(8 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.conv1(x))
-        y = torch.relu(self.conv2(y))
-        return self.head(y.flatten(1))
-
-
-def _samples(n: int = 4) -> list[tuple]:
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(n)]
 
 
 def _converted(model: nn.Module, samples: list[tuple], config: SymmetricQuantizationConfig) -> torch.fx.GraphModule:
@@ -47,21 +28,8 @@ def _converted(model: nn.Module, samples: list[tuple], config: SymmetricQuantiza
     return convert_pt2e(prepared)
 
 
-def _values(gm: torch.fx.GraphModule, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-
-    class _Rec(Interpreter):
-        def run_node(self, n):  # noqa: ANN001, ANN202
-            out[n.name] = v = super().run_node(n)
-            return v
-
-    with torch.no_grad():
-        _Rec(gm).run(x)
-    return out
-
-
 def test_exclude_activations_keeps_the_value_float() -> None:
-    model, samples = _Net().eval(), _samples()
+    model, samples = TinyConvNet().eval(), conv_samples()
     gm = _converted(model, samples, SymmetricQuantizationConfig(exclude_activations=("relu",)))
     nodes = {n.name: n for n in gm.graph.nodes}
     assert not [u for u in nodes["relu"].users if "quantize" in str(u.target)]
@@ -69,7 +37,7 @@ def test_exclude_activations_keeps_the_value_float() -> None:
     assert "dequantize_per_channel" in str(nodes["conv2d_1"].args[1].target)  # its weight stays int8
     # the value the second conv reads is the relu of the first conv's output, not rounded to an int8 grid
     base = _converted(model, samples, SymmetricQuantizationConfig())
-    got = _values(gm, samples[0][0])
+    got = node_values(gm, samples[0][0])
     assert torch.equal(got["relu"], torch.relu(got["conv2d"]))
     (q,) = [u for u in next(n for n in base.graph.nodes if n.name == "relu").users if "quantize" in str(u.target)]
     steps = got["relu"] / float(q.args[1])
@@ -84,7 +52,7 @@ def test_exclude_activations_is_a_recipe_option() -> None:
 
 
 def test_a_block_keeps_the_op_and_the_values_only_it_quantizes() -> None:
-    model, samples = _Net().eval(), _samples()
+    model, samples = TinyConvNet().eval(), conv_samples()
     quantizer = ExportRecipe.get_recipe(INT8).quantization_recipe.quantizers[0]
     chosen = simulate_blocks(model, samples, quantizer, steps=3)
     blocks = {b.layer: b for b, _ in chosen}
@@ -95,7 +63,7 @@ def test_a_block_keeps_the_op_and_the_values_only_it_quantizes() -> None:
 
 
 def test_simulated_cosine_is_what_the_exported_program_measures() -> None:
-    model, samples = _Net().eval(), _samples()
+    model, samples = TinyConvNet().eval(), conv_samples()
     quantizer = ExportRecipe.get_recipe(INT8).quantization_recipe.quantizers[0]
     chosen = simulate_blocks(model, samples, quantizer, steps=2)
     nodes: list[str] = []

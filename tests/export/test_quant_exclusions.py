@@ -10,50 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.fx import GraphModule
-from torch.fx.interpreter import Interpreter
 
 from edgetorch.errors import RecipeError
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, StageType, export
 from edgetorch.export.quantizer import SymmetricQuantizationConfig
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-        self.head = nn.Linear(8 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.conv1(x))
-        y = torch.relu(self.conv2(y))
-        return self.head(y.flatten(1))
-
-
-def _samples(n: int = 4) -> list[tuple]:
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(n)]
+from tests.quant_helpers import TinyConvNet, conv_samples, node_values
 
 
 def _converted(session) -> GraphModule:
     return session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
-
-
-def _node_values(gm: GraphModule, *args: torch.Tensor) -> dict[str, object]:
-    """Every node's output when ``gm`` runs on ``args`` (an fx Interpreter, no hooks in the graph)."""
-    values: dict[str, object] = {}
-
-    class _Record(Interpreter):
-        def run_node(self, n):  # noqa: ANN001, ANN202
-            out = super().run_node(n)
-            values[n.name] = out
-            return out
-
-    _Record(gm).run(*args)
-    return values
 
 
 def _weight_is_dequantized(node: torch.fx.Node) -> bool:
@@ -68,7 +34,7 @@ def _ops(gm: GraphModule, target: object) -> list[torch.fx.Node]:
 @pytest.mark.parametrize("option", [{"exclude_module_paths": ("conv1",)}, {"exclude_nodes": ("conv2d",)},
                                     {"quant_exclude_module_paths": ("conv1",)}])
 def test_excluded_first_layer_equals_the_float_layer(option: dict) -> None:
-    model, samples = _Net().eval(), _samples()
+    model, samples = TinyConvNet().eval(), conv_samples()
     recipe = ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_CHANNEL, **option)
     session = export(model, samples, recipe)
     gm = _converted(session)
@@ -76,7 +42,7 @@ def test_excluded_first_layer_equals_the_float_layer(option: dict) -> None:
     assert not _weight_is_dequantized(conv1) and _weight_is_dequantized(conv2)
     assert _weight_is_dequantized(_ops(gm, torch.ops.aten.linear.default)[0])
     x = samples[0][0]
-    values = _node_values(gm, x)
+    values = node_values(gm, x)
     with torch.no_grad():
         assert torch.equal(values[conv1.name], model.conv1(x))
         assert torch.equal(values[conv1.args[0].name], x)  # its input is not quantized either
@@ -85,7 +51,7 @@ def test_excluded_first_layer_equals_the_float_layer(option: dict) -> None:
 
 
 def test_excluded_last_layer_runs_float_on_the_runtime() -> None:
-    model, samples = _Net().eval(), _samples()
+    model, samples = TinyConvNet().eval(), conv_samples()
     recipe = ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_TENSOR, exclude_ops=("linear",))
     session = export(model, samples, recipe)
     gm = _converted(session)
@@ -93,7 +59,7 @@ def test_excluded_last_layer_runs_float_on_the_runtime() -> None:
     assert not _weight_is_dequantized(head)
     assert not any("quantize" in str(u.target) for u in head.users)  # its output is not quantized
     x = samples[1][0]
-    flat = _node_values(gm, x)[head.args[0].name]
+    flat = node_values(gm, x)[head.args[0].name]
     (out,) = session.run_method("forward", (x,))
     with torch.no_grad():
         want = model.head(flat)
@@ -101,7 +67,8 @@ def test_excluded_last_layer_runs_float_on_the_runtime() -> None:
 
 
 def test_unexcluded_export_quantizes_every_layer() -> None:
-    session = export(_Net().eval(), _samples(), ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_CHANNEL))
+    recipe = ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_CHANNEL)
+    session = export(TinyConvNet().eval(), conv_samples(), recipe)
     gm = _converted(session)
     weighted = _ops(gm, torch.ops.aten.conv2d.default) + _ops(gm, torch.ops.aten.linear.default)
     assert len(weighted) == 3 and all(_weight_is_dequantized(n) for n in weighted)
@@ -109,7 +76,7 @@ def test_unexcluded_export_quantizes_every_layer() -> None:
 
 def test_ort_int8_recipe_keeps_excluded_layer_float() -> None:
     pytest.importorskip("onnxruntime")
-    model, samples = _Net().eval(), _samples()
+    model, samples = TinyConvNet().eval(), conv_samples()
     recipe = ExportRecipe.get_recipe(OrtRecipeType.INT8_STATIC_PER_CHANNEL, quant_exclude_module_paths=("head",))
     session = export(model, samples, recipe)
     gm = _converted(session)
@@ -126,7 +93,7 @@ def test_ort_int8_recipe_keeps_excluded_layer_float() -> None:
 
 
 def test_dynamic_recipe_honours_exclusions() -> None:
-    session = export(_Net().eval(), _samples(2), ExportRecipe.get_recipe(
+    session = export(TinyConvNet().eval(), conv_samples(2), ExportRecipe.get_recipe(
         PortableRecipeType.INT8_DYNAMIC_PER_CHANNEL, exclude_module_paths=("conv",)))
     gm = _converted(session)
     assert not any(_weight_is_dequantized(n) for n in _ops(gm, torch.ops.aten.conv2d.default))
