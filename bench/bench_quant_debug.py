@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -99,7 +98,7 @@ def cost(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], 
         float_numeric_gap(inspector, "MSE")
 
     fns = {"float": forward, "table": first, "warm": lambda: float_numeric_gap(inspector, "MSE")}
-    t, c = alternate(fns, repeats), alternate_cpu(fns, repeats)
+    t, c = alternate(fns, repeats), alternate(fns, repeats, clock=time.thread_time)
     n = len(samples)
     return {"model": name, "backend": backend, "rows": len(table), "samples": n,
             "float_forward_ms": t["float"] / n * 1e3, "table_ms_per_sample": t["table"] / n * 1e3,
@@ -108,20 +107,6 @@ def cost(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], 
             "warm_cpu_x": c["warm"] / c["float"],
             "cosine": cosine_to_float(model, samples, run.outputs),
             "top3": [ops[0] for ops in rank_quantization_culprits(table, 3)["aot_ops"]]}
-
-
-def alternate_cpu(fns: dict, runs: int, warmup: int = 2) -> dict[str, float]:
-    """``_common.alternate`` in the calling thread's CPU time: median seconds, interleaved runs."""
-    for _ in range(warmup):
-        for f in fns.values():
-            f()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, f in fns.items():
-            t0 = time.thread_time()
-            f()
-            samples[k].append(time.thread_time() - t0)
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def plant_targets(model: torch.nn.Module, samples: list[tuple], k: int) -> list[str]:
