@@ -222,4 +222,4 @@ def test_the_replay_uses_the_compact_edge_reference_graphs(compiled, tmp_path):
     insp, _, _, _ = _run(compiled, tmp_path)
     gaps = insp.generation_gaps()
     assert len(gaps) == NEW_TOKENS and (gaps["output_gap"] < 1e-10).all()
-    assert insp.etrecord.__dict__.get("_edge_program_dict") is None  # the edge programs were never loaded
+    assert not insp.etrecord._is_loaded("edge")  # the edge programs were never loaded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy as _copy
 import logging
 import os
 from typing import IO, Any
@@ -81,7 +82,7 @@ class ETRecord:
     ``delegate_outputs`` are views of it in the reference's shapes.
     """
 
-    _ROLES = {"aten": "_aten_programs", "edge": "_edge_program_dict", "graph_map": "_graph_map_programs"}
+    _ROLES = ("aten", "edge", "graph_map")  #: the program dicts: ATen, edge, extra graphs
 
     def __init__(self, exported_program: ExportedProgram | None = None,
                  edge_dialect_program: ExportedProgram | dict[str, ExportedProgram] | None = None,
@@ -94,15 +95,15 @@ class ETRecord:
                  memory_plan: dict[str, dict[str, Any]] | None = None,
                  delegate_outputs: dict[str, dict[int, list[list[int] | None]]] | None = None,
                  handle_groups: dict[str, list[HandleGroup]] | None = None) -> None:
-        # program dicts; None while a parsed record has not loaded them yet (``_lazy`` then loads them)
         self._lazy: ar.ArchiveSource | None = None
-        self._aten_programs: dict[str, ExportedProgram] | None = dict(exported_programs or {})
+        aten = dict(exported_programs or {})
         if exported_program is not None:
-            self._aten_programs["forward"] = exported_program
-        self._edge_program_dict: dict[str, ExportedProgram] | None = {}
-        if edge_dialect_program is not None:
-            self._edge_program_dict = _edge_dict(edge_dialect_program, "edge_dialect_program")
-        self._graph_map_programs: dict[str, ExportedProgram] | None = dict(graph_map or {})
+            aten["forward"] = exported_program
+        edge = {} if edge_dialect_program is None else _edge_dict(edge_dialect_program, "edge_dialect_program")
+        #: per role (``_ROLES``): {method or graph name: program}; None while a parsed record has not loaded
+        #: them yet (``_lazy`` loads them on first use)
+        self._roles: dict[str, dict[str, ExportedProgram] | None] = {
+            "aten": aten, "edge": edge, "graph_map": dict(graph_map or {})}
         self._reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
         self._edge_reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
         self._handle_cache: dict[str, tuple[Any, dict[int, list[NodeInfo]]]] = {}
@@ -118,16 +119,18 @@ class ETRecord:
 
     # -- programs ---------------------------------------------------------------------------------------------
     def _programs(self, role: str) -> dict[str, ExportedProgram]:
-        attr = self._ROLES[role]
-        d = self.__dict__[attr]
+        d = self._roles[role]
         if d is None:
             assert self._lazy is not None
-            d = self._lazy.programs(role)  # raises ETRecordFormatError (naming the entry) for a bad program
-            self.__dict__[attr] = d
+            d = self._roles[role] = self._lazy.programs(role)  # ETRecordFormatError naming a bad entry
         return d
 
+    def _is_loaded(self, role: str) -> bool:
+        """Whether the programs of ``role`` are in memory (a parsed record loads each role on first use)."""
+        return self._roles[role] is not None
+
     def _program_names(self, role: str) -> list[str]:
-        d = self.__dict__[self._ROLES[role]]
+        d = self._roles[role]
         if d is None:
             assert self._lazy is not None
             return self._lazy.keys(role)
@@ -140,7 +143,7 @@ class ETRecord:
 
     @exported_programs.setter
     def exported_programs(self, programs: dict[str, ExportedProgram]) -> None:
-        self._aten_programs = dict(programs)
+        self._roles["aten"] = dict(programs)
 
     @property
     def graph_map(self) -> dict[str, ExportedProgram]:
@@ -149,7 +152,7 @@ class ETRecord:
 
     @graph_map.setter
     def graph_map(self, programs: dict[str, ExportedProgram]) -> None:
-        self._graph_map_programs = dict(programs)
+        self._roles["graph_map"] = dict(programs)
 
     @property
     def _edge_programs(self) -> dict[str, ExportedProgram]:
@@ -157,7 +160,7 @@ class ETRecord:
 
     @_edge_programs.setter
     def _edge_programs(self, programs: dict[str, ExportedProgram]) -> None:
-        self._edge_program_dict = programs
+        self._roles["edge"] = programs
 
     @property
     def exported_program(self) -> ExportedProgram | None:
@@ -209,7 +212,7 @@ class ETRecord:
         when there is none or it is not loaded)."""
         lazy = self._lazy
         base = "edge" if role == "edge_reference" else role  # the edge reference graph views the edge program
-        d = self.__dict__[self._ROLES[base]]
+        d = self._roles[base]
         stored = {"aten": lazy.references, "edge": lazy.handles,
                   "edge_reference": lazy.edge_references}[role] if lazy is not None else {}
         if lazy is not None and method in stored:
@@ -426,12 +429,10 @@ class ETRecord:
 
     def copy(self) -> ETRecord:
         """A shallow copy (programs and tensors shared, containers new) of every field."""
-        new = ETRecord.__new__(ETRecord)
-        new.__dict__.update(self.__dict__)
-        # an unloaded role stays lazy
-        for k in (*self._ROLES.values(), "_reference_cache", "_edge_reference_cache", "_handle_cache"):
-            v = self.__dict__[k]
-            new.__dict__[k] = None if v is None else dict(v)
+        new = _copy.copy(self)
+        new._roles = {r: None if d is None else dict(d) for r, d in self._roles.items()}  # unloaded stays lazy
+        for k in ("_reference_cache", "_edge_reference_cache", "_handle_cache"):
+            setattr(new, k, dict(getattr(self, k)))
         for k in ("_handle_groups", "_reference_outputs", "_representative_inputs", "memory_plan"):
             v = getattr(self, k)
             setattr(new, k, None if v is None else {m: (dict(d) if isinstance(d, dict) else list(d))
@@ -484,8 +485,7 @@ def parse_etrecord(etrecord_path: PathOrFile) -> ETRecord:
     fields, lazy = ar.read_archive(source, path)
     rec = ETRecord(**fields)
     rec._lazy = lazy
-    for attr in ETRecord._ROLES.values():  # the name of a single edge method is kept by the source
-        rec.__dict__[attr] = None
+    rec._roles = dict.fromkeys(ETRecord._ROLES)  # loaded on first use (the source keeps the method names)
     return rec
 
 
