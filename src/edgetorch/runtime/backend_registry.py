@@ -27,6 +27,18 @@ class BackendRuntime(Protocol):
         observer (None without one); the backend may call the ``runtime.observer.DelegateEvents`` it has."""
 
 
+def observe_delegate(backend: BackendRuntime, handle: Any, observer: Any) -> None:
+    """Tells ``backend`` that ``observer`` (None: no observer any more) will watch the runs of ``handle``.
+
+    Optional for a backend (``observe(handle, observer)``): it is called when the observer is attached to the
+    method holding the delegate, before any run with it, so that a backend can prepare at load what traced runs
+    need (the onnxruntime backend builds the session that exposes its intermediate values) instead of paying for
+    it in the first traced run."""
+    hook = getattr(backend, "observe", None)
+    if hook is not None:
+        hook(handle, observer)
+
+
 _REGISTRY: dict[str, BackendRuntime] = {}
 
 

@@ -40,7 +40,7 @@ from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code
 from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
-from edgetorch.runtime.backend_registry import get_backend
+from edgetorch.runtime.backend_registry import get_backend, observe_delegate
 from edgetorch.runtime.observer import MethodObserver
 from edgetorch.runtime.ops import direct_functional, direct_kernel, resolve_operator
 
@@ -128,6 +128,7 @@ class Method:
         self.instructions: list[InstructionInfo] = []
         self._calls: list[Callable[[], Any] | None] = []
         self._delegate_handles: dict[int, Any] = {}
+        self._delegate_backends: dict[int, Any] = {}
         with torch.no_grad():
             for k, ins in enumerate(plan.instructions):
                 self._calls.append(self._compile(k, ins))
@@ -322,6 +323,7 @@ class Method:
                                      f"'{d.backend_id}' (instruction {k}, {ins.node_name}) failed to load: {e}",
                                      field=f"{self.name}.delegates[{c.delegate_index}]") from e
         self._delegate_handles[k] = handle
+        self._delegate_backends[k] = backend
         inputs = [self._arg(a) for a in c.args]
         outputs = [self._slots[o] for o in c.outputs]
         self.instructions.append(InstructionInfo(k, "DELEGATE_CALL", ins.node_name, ins.debug_handle, ins.source,
@@ -520,6 +522,8 @@ class Method:
     def observer(self, observer: MethodObserver | None) -> None:
         with self._lock:  # never in the middle of a run
             self._observer = observer
+            for k, handle in self._delegate_handles.items():  # backends prepare their traced runs now
+                observe_delegate(self._delegate_backends[k], handle, observer)
 
     def delegate_handle(self, k: int) -> Any:
         """The handle its backend's ``init`` returned for the DELEGATE_CALL instruction ``k``."""

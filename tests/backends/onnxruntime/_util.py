@@ -3,8 +3,10 @@ reading."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +84,18 @@ def edge_group_outputs(ep: ExportedProgram, inputs: tuple) -> dict[int, list[tor
     with torch.no_grad():
         Capture(ep.graph_module).run(*args)
     return out
+
+
+@contextlib.contextmanager
+def runtime_options(**options: object) -> Iterator[None]:
+    """ONNX Runtime delegate options overridden for the programs loaded inside the block."""
+    from edgetorch.backends.onnxruntime.runtime import set_runtime_options
+
+    set_runtime_options(**options)
+    try:
+        yield
+    finally:
+        set_runtime_options(**{k: None for k in options})
 
 
 def traced_delegate_outputs(et: Any, inputs: tuple, tmp: str, name: str = "run") -> list[tuple[str, Any]]:

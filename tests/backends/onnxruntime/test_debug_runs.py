@@ -13,7 +13,13 @@ import torch
 from edgetorch.backends.onnxruntime import _blob
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate
 from edgetorch.runtime import Runtime
-from tests.backends.onnxruntime._util import delegate_calls, delegate_profile_events, lower_ort, rel_err
+from tests.backends.onnxruntime._util import (
+    delegate_calls,
+    delegate_profile_events,
+    lower_ort,
+    rel_err,
+    runtime_options,
+)
 
 
 class Mlp(torch.nn.Module):
@@ -75,19 +81,35 @@ def test_the_exposing_session_binds_the_weights_instead_of_owning_them(mlp):
     assert all(torch.equal(values[n], torch.from_numpy(r)) for n, r in zip(h._debug_outputs, res) if n in values)
 
 
-def test_a_debug_program_profiles_and_checks_the_first_run_then_runs_the_exposing_session_alone(mlp):
-    prog = Runtime.get().load_program(mlp.et.buffer, enable_etdump=True, debug_buffer_size="auto")
-    method = prog.load_method("forward")
+@pytest.mark.parametrize("mode, checks", [("auto", 0), ("first", 1)])
+def test_a_debug_program_profiles_the_first_run_on_the_session_built_at_load(mlp, mode, checks):
+    with runtime_options(observer_effect=mode):
+        prog = Runtime.get().load_program(mlp.et.buffer, enable_etdump=True, debug_buffer_size="auto")
+        method = prog.load_method("forward")
     h = _handle(method)
+    built = h._debug_session
+    assert built is not None and h._debug_armed  # built when the tracer was attached, armed for profiling
     want = mlp.model(*mlp.inputs)
     sessions = []
     for _ in range(3):
         out = method.execute(*mlp.inputs)[0]
         assert rel_err(out, want) <= 1e-5
         sessions.append(h._debug_session)
-    assert h.observer_checks == 1 and h.profiled_runs == 1
-    assert sessions[0] is sessions[1] is sessions[2]  # the profiled session serves the later debug runs
+    assert h.observer_checks == checks and h.profiled_runs == 1  # a float model: checked only when asked
+    assert built is sessions[0] is sessions[1] is sessions[2]  # the one session serves every debug run
     events = delegate_profile_events(prog)
     dmap = delegate_calls(mlp.lowered)[0].meta["lowered_module"].debug_handle_map
     assert events and all(e.delegate_debug_id_str in dmap for e in events)
     assert "Gemm" in {json.loads(e.delegate_debug_metadata)["op"] for e in events}
+
+
+def test_only_a_tracer_that_logs_values_builds_the_exposing_session_at_load(mlp):
+    plain = _handle(Runtime.get().load_program(mlp.et.buffer).load_method("forward"))
+    profiled = _handle(Runtime.get().load_program(mlp.et.buffer, enable_etdump=True).load_method("forward"))
+    assert plain._debug_session is None and profiled._debug_session is None  # no values to expose
+    with runtime_options(profile_ops="off"):
+        prog = Runtime.get().load_program(mlp.et.buffer, enable_etdump=True, debug_buffer_size="auto")
+        h = _handle(prog.load_method("forward"))
+    assert h._debug_session is not None and not h._debug_armed  # nothing to profile: an unprofiled session
+    prog.load_method("forward").execute(*mlp.inputs)
+    assert h.profiled_runs == 0 and not delegate_profile_events(prog)

@@ -14,7 +14,13 @@ from edgetorch.errors import ObserverEffectWarning
 from edgetorch.exir import to_edge, to_edge_transform_and_lower
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
-from tests.backends.onnxruntime._util import delegate_calls, edge_group_outputs, perturb_blob, rel_err
+from tests.backends.onnxruntime._util import (
+    delegate_calls,
+    edge_group_outputs,
+    perturb_blob,
+    rel_err,
+    runtime_options,
+)
 
 
 def _inspect(name: str, tmp: str, perturb: bool = False):
@@ -32,8 +38,9 @@ def _inspect(name: str, tmp: str, perturb: bool = False):
     rec = et.get_etrecord()
     rec.update_representative_inputs({"forward": [inputs]})
     rec.save(rec_path)
-    prog = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size="auto")
-    prog.load_method("forward").execute(*inputs)
+    with runtime_options(observer_effect="first"):  # checked (a float model is not by default)
+        prog = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size="auto")
+        prog.load_method("forward").execute(*inputs)
     dump, dbg = os.path.join(tmp, "etdump.etdp"), os.path.join(tmp, "debug.bin")
     prog.write_etdump_result_to_file(dump, dbg)
     with warnings.catch_warnings():

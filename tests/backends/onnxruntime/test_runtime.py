@@ -25,6 +25,7 @@ from tests.backends.onnxruntime._util import (
     lower_ort,
     perturb_blob,
     rel_err,
+    runtime_options,
     tensors_of,
     traced_delegate_outputs,
 )
@@ -191,10 +192,13 @@ def test_profile_every_run_when_asked(cnn):
 
 
 def test_observer_effect_modes(cnn, tmp_path):
-    logged = traced_delegate_outputs(cnn.et, cnn.inputs, str(tmp_path))
+    # a float model: not checked by default ("auto"), checked once with "first"
+    assert not [v for d, v in traced_delegate_outputs(cnn.et, cnn.inputs, str(tmp_path)) if d == "observer_effect"]
+    with runtime_options(observer_effect="first"):
+        logged = traced_delegate_outputs(cnn.et, cnn.inputs, str(tmp_path))
     effects = [v for d, v in logged if d == "observer_effect"]
     assert len(effects) == 1 and 0.0 <= effects[0] < 1e-4
-    for mode, expect in (("off", 0), ("first", 1)):
+    for mode, expect in (("off", 0), ("first", 1), ("auto", 0), ("every", 3)):
         set_runtime_options(observer_effect=mode)
         try:
             prog = Runtime.get().load_program(cnn.et.buffer, debug_buffer_size="auto")

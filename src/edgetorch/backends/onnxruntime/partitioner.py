@@ -185,9 +185,12 @@ class OrtPartitioner(Partitioner):
     (names in ``ops.KEEP_WHOLE``: "linear", "layer_norm", "scaled_dot_product_attention").
     ``min_compute_ops``: partitions with fewer non-view ops are dropped.
     ``intra_op_num_threads`` (0: ``torch.get_num_threads()`` at load), ``profile_ops`` ("off" / "first" /
-    "every": which traced runs get per-op ORT profiler events), ``observer_effect`` ("first" / "every" /
-    "off": which debug runs also run the plain session and compare its final outputs with the exposing
-    session's; "first": the first debug run of each delegate), ``exporter`` ("fast" / "torch.onnx"),
+    "every": which traced runs get per-op ORT profiler events), ``observer_effect`` ("auto" / "off" /
+    "first" / "every": which debug runs also run the plain session and compare its final outputs with the
+    exposing session's, for one plain run more each; "first": the first debug run of each delegate; "auto", the
+    default: "first" for a quantized model, whose exposed Q/DQ values stop ORT running integer kernels, "off"
+    for a float one, whose exposed values only cost a fusion or two, so that its debug run costs about a plain
+    run), ``exporter`` ("fast" / "torch.onnx"),
     ``onnx_optimize`` (onnxscript optimizer after export),
     ``allow_spinning`` (ORT threads spin-wait between runs; off by default: spinning threads starve the torch
     kernels that run between partitions) and ``compile_specs`` (raw extra specs) become the
@@ -198,15 +201,15 @@ class OrtPartitioner(Partitioner):
                  exclude_module_paths: Iterable[str] = (), graph_optimization_level: str = "ORT_ENABLE_ALL",
                  fallback_unsupported: bool = True, extra_ops: Iterable[object] = (),
                  keep_whole: Iterable[str] = (), min_compute_ops: int = 1, intra_op_num_threads: int = 0,
-                 profile_ops: str = "first", observer_effect: str = "first", exporter: str = "fast",
+                 profile_ops: str = "first", observer_effect: str = "auto", exporter: str = "fast",
                  onnx_optimize: bool = False, allow_spinning: bool = False,
                  compile_specs: dict[str, bytes] | None = None) -> None:
         if graph_optimization_level not in _LEVELS:
             raise ValueError(f"graph_optimization_level must be one of {_LEVELS}, got {graph_optimization_level!r}")
         if profile_ops not in ("off", "first", "every"):
             raise ValueError(f"profile_ops must be 'off', 'first' or 'every', got {profile_ops!r}")
-        if observer_effect not in ("every", "first", "off"):
-            raise ValueError(f"observer_effect must be 'every', 'first' or 'off', got {observer_effect!r}")
+        if observer_effect not in ("auto", "every", "first", "off"):
+            raise ValueError(f"observer_effect must be 'auto', 'every', 'first' or 'off', got {observer_effect!r}")
         if exporter not in ("fast", "torch.onnx"):
             raise ValueError(f"exporter must be 'fast' or 'torch.onnx', got {exporter!r}")
         self.exclude_ops = frozenset(_ops.resolve_op(o) for o in exclude_ops)

@@ -51,7 +51,9 @@ COMPILE_SPEC_DEFAULTS: dict[str, str] = {
     "exporter": "fast",  # or "torch.onnx"
     "onnx_optimize": "0",  # run the onnxscript optimizer on the exported model
     "profile_ops": "first",  # per-op ORT profile events in traced runs: off / first / every
-    "observer_effect": "first",  # debug runs that also run the plain session to compare: first / every / off
+    # debug runs that also run the plain session to compare (a plain run more each): auto / off / first / every;
+    # auto: first for a quantized model (exposing its Q/DQ values changes the kernels ORT runs), else off
+    "observer_effect": "auto",
     # ORT intra-op threads spin-wait after each op: costs nothing measurable when fully delegated, but steals
     # the cores torch kernels between partitions need (ResNet-18 with 17 partitions: 556 ms vs 50 ms, 2 cores)
     "allow_spinning": "0",

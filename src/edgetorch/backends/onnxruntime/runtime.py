@@ -25,7 +25,7 @@ Traced runs (the runtime passes its ETDump tracer):
   ``RuntimeInputError`` naming the input/output and dim).
 * intermediate outputs (when the tracer keeps a debug buffer): a second session of the same model with the
   values listed in the blob's ``intermediates`` appended to ``graph.output`` runs on the same inputs (built at
-  the first debug run; it packs no weights of its own, so a debug run keeps one packed copy resident). Their
+  load, see below; it packs no weights of its own, so a debug run keeps one packed copy resident). Their
   shapes for this run are computed from the blob's ``shapes`` and the input dims, so ORT writes them straight
   into memory the tracer lends with exactly those shapes (a blob without them, or a dim the evaluator cannot
   compute, falls back to learning the shapes with one ``session.run``). Values
@@ -37,10 +37,15 @@ Traced runs (the runtime passes its ETDump tracer):
   final outputs of the exposing session are compared with them: the largest relative difference
   (max |a - b| / max |b| over the outputs; above ``OBSERVER_EFFECT_TOLERANCE`` the exposed values are not
   what a plain run computes) is logged as a delegate debug event with id ``"observer_effect"`` (a float) and
-  kept in ``OrtDelegate.last_observer_effect``. The ``observer_effect`` spec picks the checked runs:
-  ``first`` (default: the first debug run of each delegate; later ones only run the exposing session and
-  return its outputs, so they cost about one plain run), ``every`` (each debug run costs a plain run more) or
-  ``off``.
+  kept in ``OrtDelegate.last_observer_effect``. The ``observer_effect`` spec picks the checked runs: ``off`` (a
+  debug run runs the exposing session alone and returns its outputs, so it costs about one plain run),
+  ``first`` (the first debug run of each delegate: one plain run more, once), ``every``, or ``auto`` (the
+  default): ``first`` for a quantized model, where exposing the Q/DQ values stops ORT running its integer
+  kernels (the exposed run computes something else than the deployed one), ``off`` for a float model, where
+  the values an exposed output unfuses agree with the fused ones to float rounding.
+* preparation at load: when a tracer that logs intermediates is attached (``OrtRuntime.observe``, called by
+  the runtime when the program is loaded with a debug buffer), the exposing session is built right away,
+  armed for profiling when the first traced run profiles, so the first debug run pays for no session build.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ _DEFAULTS: dict[str, str] = {
     "graph_optimization_level": "ORT_ENABLE_ALL",
     "intra_op_num_threads": "0",
     "profile_ops": "first",
-    "observer_effect": "first",
+    "observer_effect": "auto",
     "allow_spinning": "0",
 }
 _OVERRIDES: dict[str, str] = {}
@@ -178,6 +183,7 @@ class OrtDelegate:
         self._binding: _Binding | None = None
         self._binding_key: tuple = ()
         self._debug_session: Any = None
+        self._debug_armed = False  # its next run is profiled
         self._debug_model: bytes | None = None
         self._run_ns = 0
         self._debug_outputs: list[str] = []
@@ -254,19 +260,35 @@ class OrtDelegate:
             self._debug_model = proto.SerializeToString()
         return self._debug_model
 
-    def debug_session(self, profile_prefix: str | None = None) -> Any:
+    def debug_session(self, profile: bool = False) -> Any:
         """The session whose outputs are the real outputs followed by every value in ``intermediates``.
 
         It neither copies nor packs the weights (``_exposing_model``): a debug run keeps one packed copy
-        resident, the plain session's. With ``profile_prefix`` a new one is built whose next run is profiled
-        (it replaces the current one: after ``end_profiling`` it runs unprofiled)."""
-        if self._debug_session is None or profile_prefix is not None:
+        resident, the plain session's. With ``profile`` its next run is profiled: the session built by
+        ``prepare_traced`` is armed for that already; otherwise a new one is built (it replaces the current one:
+        after ``end_profiling`` it runs unprofiled; an armed session asked for an unprofiled run is replaced too)."""
+        if self._debug_session is None or profile != self._debug_armed:
             model = self._exposing_model()
-            so = self.session_options(profile_prefix, spin=False, weights=False)
+            so = self.session_options(self._profile_prefix() if profile else None, spin=False, weights=False)
             self._debug_session = None
             self._debug_binding, self._debug_key = None, ()
             self._debug_session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+            self._debug_armed = profile
         return self._debug_session
+
+    def prepare_traced(self, tracer: Any) -> None:
+        """Builds now what the first run traced by ``tracer`` needs (the runtime calls it when ``tracer`` is
+        attached, at load): the exposing session when it logs intermediate values, armed for profiling when the
+        first traced run profiles. A build error is left to that run, which raises it where it belongs."""
+        if tracer is None or not getattr(tracer, "logs_intermediates", False):
+            return
+        if getattr(tracer, "log_delegate_output", None) is None or self._debug_session is not None:
+            return
+        profile = getattr(tracer, "log_delegate_profile", None) is not None and self.wants_profile()
+        try:
+            self.debug_session(profile)
+        except Exception:  # noqa: BLE001 - re-raised by the run that needs the session
+            self._debug_session = None
 
     def _specs_of(self, names: list[str]) -> list[tuple[list, torch.dtype]] | None:
         """(recorded shape, dtype) of each named value from the blob's outputs and ``shapes``; None if one is
@@ -373,13 +395,14 @@ class OrtDelegate:
         When the shapes cannot be computed, the first capture of each input shape learns them with
         ``session.run``. With ``profile`` the run is profiled op by op (a new exposing session:
         ``debug_session``) and its kernel events are left in ``last_profile``."""
-        sess = self.debug_session(self._profile_prefix() if profile else None)
+        sess = self.debug_session(profile)
         shapes = self.debug_shapes(inputs)
         if shapes is None:
             outs = self._capture_learning(sess, inputs, lend)
         else:
             outs = self._capture_bound(sess, inputs, shapes, lend)
         if profile:
+            self._debug_armed = False
             self._profile_events(sess, self._run_ns)
         by_name = dict(zip(self._debug_outputs, outs))
         finals = [by_name[n] for n in self.output_names]
@@ -555,8 +578,10 @@ class OrtDelegate:
 
     def observer_mode(self) -> str:
         mode = {"1": "every", "0": "off"}.get(self.options["observer_effect"], self.options["observer_effect"])
+        if mode == "auto":
+            return "first" if b"QuantizeLinear" in self._model_bytes else "off"
         if mode not in ("every", "first", "off"):
-            raise ValueError(f"onnxruntime: observer_effect must be 'every', 'first' or 'off', got {mode!r}")
+            raise ValueError(f"onnxruntime: observer_effect must be 'auto', 'every', 'first' or 'off', got {mode!r}")
         return mode
 
     def execute_traced(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], tracer: Any) -> None:
@@ -605,6 +630,9 @@ class OrtRuntime:
 
     def init(self, processed: memoryview, compile_specs: dict[str, bytes]) -> OrtDelegate:
         return OrtDelegate(processed, compile_specs)
+
+    def observe(self, handle: OrtDelegate, tracer: Any) -> None:
+        handle.prepare_traced(tracer)
 
     def execute(self, handle: OrtDelegate, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
                 tracer: Any = None) -> None:
