@@ -326,6 +326,12 @@ class _TracingRuntime(NestedRuntime):
     name = TRACING_BACKEND
     fail = False
 
+    def __init__(self) -> None:
+        self.observed: list[tuple[object, object]] = []  # (handle, observer) of each observe call
+
+    def observe(self, handle, observer):
+        self.observed.append((handle, observer))
+
     def execute(self, handle, inputs, outputs, tracer=None):
         if self.fail:
             raise RuntimeError("backend failure requested by the test")
@@ -404,6 +410,20 @@ def test_delegate_events_attach_to_the_delegate_call(delegated, tmp_path):
     assert by_id[(-1, "fused_add_mul")].debug_entry.int_value == 7
     call_out = buf.value(by_id[(-1, "")].debug_entry)  # the DELEGATE_CALL's own output
     assert same_bits(inner, call_out) and same_bits(call_out, (x + 1) * 2)
+
+
+def test_a_backend_is_told_when_an_observer_attaches_before_any_run(delegated):
+    data, x = delegated
+    _BACKEND.observed.clear()
+    Runtime.get().load_program(data).load_method("forward").execute(x)
+    assert _BACKEND.observed == []  # plain programs: no observer, no call
+    p = Runtime.get().load_program(data, enable_etdump=True)
+    m = p.load_method("forward")
+    ((handle, observer),) = _BACKEND.observed
+    (call,) = [i for i in m.instructions if i.kind == "DELEGATE"]
+    assert handle is m.delegate_handle(call.index) and observer is p.tracer
+    m.observer = None  # detached: told too
+    assert _BACKEND.observed[-1] == (handle, None)
 
 
 @pytest.mark.parametrize("threaded", [False, True], ids=["inline", "thread"])
