@@ -267,3 +267,38 @@ def test_a_later_table_reuses_what_the_first_read_and_computed(portable) -> None
             assert [v[0] for v in df[col]] == [v[0] for v in run.table[col]]
         for col in ("sqnr_db", "local_sqnr_db", "weight_sqnr_db", "rmse_over_scale"):
             assert df[col].equals(run.table[col])  # bit for bit (NaN where the first table has NaN)
+
+
+def test_a_parsed_record_gives_the_float_graph_without_deserializing_it(portable, tmp_path) -> None:  # noqa: ANN001
+    from edgetorch.devtools.etrecord._reference import reference_from_program
+
+    model, samples, session, run = portable
+    paths = [str(tmp_path / n) for n in ("q.etrecord", "q.etdp", "q_debug.bin")]
+    record = session.get_etrecord()
+    record.update_representative_inputs(samples)
+    record.save(paths[0])
+    rec = parse_etrecord(paths[0])
+    fgm = rec.graph_map_reference("float/forward")
+    assert fgm is not None and not rec._is_loaded("graph_map")  # the compact view: no program deserialized
+    assert rec.graph_map_reference("float/forward") is fgm  # cached
+    assert rec.graph_map_reference("nope/forward") is None
+    with torch.no_grad():
+        assert torch.equal(fgm(*samples[0])[0], model(*samples[0]))
+    # the nodes, debug handles and module stacks of the full program's graph
+    full = reference_from_program(parse_etrecord(paths[0]).graph_map["float/forward"], "forward")
+    assert [(n.name, n.target, n.meta.get("custom"), n.meta.get("nn_module_stack")) for n in fgm.graph.nodes] == \
+        [(n.name, n.target, n.meta.get("custom"), n.meta.get("nn_module_stack")) for n in full.graph.nodes]
+    # an Inspector on the saved files: the same table as the in-memory record's, the float program never loaded
+    program = Runtime.get().load_program(session.get_pte_buffer(), enable_etdump=True, debug_buffer_size="auto")
+    method = program.load_method("forward")
+    for s in samples:
+        method.execute(*s)
+    program.write_etdump_result_to_file(paths[1], paths[2])
+    inspector = Inspector(etdump_path=paths[1], etrecord=paths[0], debug_buffer_path=paths[2])
+    table = inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    assert not inspector.etrecord._is_loaded("graph_map")
+    assert list(table["aot_ops"]) == list(run.table["aot_ops"])
+    for col in ("gap", "local_gap"):
+        assert [v[0] for v in table[col]] == [v[0] for v in run.table[col]]
+    for col in ("sqnr_db", "local_sqnr_db", "weight_sqnr_db", "rmse_over_scale"):
+        assert table[col].equals(run.table[col])

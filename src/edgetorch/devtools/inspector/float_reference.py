@@ -536,16 +536,18 @@ def _graphs(inspector: Any, method: str) -> tuple[torch.fx.GraphModule, torch.fx
     if rec is None:
         raise InspectorError("reference_graph='float' needs an ETRecord (pass etrecord=...)")
     key = f"{FLOAT_GRAPH}/{method}"
-    ep = (rec.graph_map or {}).get(key)
-    if ep is None:
+    if key not in rec._program_names("graph_map"):
         raise InspectorError(f"the ETRecord holds no float program for method '{method}' (graph_map['{key}']): "
                              "export with a quantization recipe and generate_etrecord=True, or call "
                              "etrecord.add_float_reference(float_program) (see "
                              "edgetorch.export.quantizer.capture_float_program)")
+    fgm = rec.graph_map_reference(key)  # compact view: no program deserialization, weights mapped
+    if fgm is None:
+        fgm = reference_from_program(rec.graph_map[key], method)
     qgm = rec.edge_reference_graph(method)
     if qgm is None:
         qgm = rec.edge_program(method).module()
-    return reference_from_program(ep, method), qgm
+    return fgm, qgm
 
 
 class _Prepared(NamedTuple):
