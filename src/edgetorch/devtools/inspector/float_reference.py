@@ -373,26 +373,26 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
 _STACKED = 1024  # rows up to this many elements are reduced stacked (larger ones: stacking costs more)
 
 
-def _row_sums(refs: list[torch.Tensor], locs: list[torch.Tensor], rts: list[torch.Tensor]) -> list[float]:
-    """Per row, Σref², Σ(ref − runtime)², Σlocal², Σ(local − runtime)² (row after row). Small float32 rows of one
-    size are stacked and reduced together (a handful of calls per size instead of six per row: the per-call cost
-    dominates on small models); the others row by row (float32 dot products, float64 for other dtypes)."""
-    out: list[list[float]] = [[] for _ in refs]
+def _pair_sums(vals: list[torch.Tensor], rts: list[torch.Tensor]) -> list[list[float]]:
+    """Per row, [Σval², Σ(val − runtime)²]. Small float32 rows of one size are stacked and reduced together (a
+    handful of calls per size instead of four per row: the per-call cost dominates on small models); the others
+    row by row (float32 dot products, float64 for other dtypes)."""
+    out: list[list[float]] = [[] for _ in vals]
     by_size: dict[int, list[int]] = {}
-    for i, t in enumerate(refs):
+    for i, t in enumerate(vals):
         if t.dtype == torch.float32 and t.numel() <= _STACKED:
             by_size.setdefault(t.numel(), []).append(i)
     for size, idx in by_size.items():
         if len(idx) < 2:
             continue
-        r, lo, x = (torch.stack([ts[i].reshape(size) for i in idx]) for ts in (refs, locs, rts))
-        sq = torch.stack([r, r - x, lo, lo - x]).square_().sum(-1).T.tolist()
+        v, x = (torch.stack([ts[i].reshape(size) for i in idx]) for ts in (vals, rts))
+        sq = torch.stack([v, v - x]).square_().sum(-1).T.tolist()
         for i, row in zip(idx, sq):
             out[i] = row
-    for i, (r, lo, x) in enumerate(zip(refs, locs, rts)):
+    for i, (v, x) in enumerate(zip(vals, rts)):
         if not out[i]:
-            out[i] = [_sq(r), _sq(r - x), _sq(lo), _sq(lo - x)]
-    return [v for row in out for v in row]
+            out[i] = [_sq(v), _sq(v - x)]
+    return out
 
 
 _FLOAT_CACHE_BYTES = 512 << 20  # the float values of the rows kept per Inspector for later tables
@@ -425,32 +425,41 @@ class _JointRunner:
 
     def run_all(self, batch: list[tuple]) -> list[dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor, list[float]]]]:
         """:meth:`run` on every (inputs, runtime inputs, rows, sample) of ``batch``, the sums of all of them
-        reduced together (fewer, larger calls)."""
+        reduced together (fewer, larger calls); the float values' sums of a kept sample are kept with them."""
         done = [self._values(*item) for item in batch]
-        sums = _row_sums([t for d in done for t in d[1]], [t for d in done for t in d[2]],
-                         [t for d in done for t in d[3]])
-        out, at = [], 0
-        for row_nodes, floats, locs, _ in done:
-            out.append({n: (floats[k], locs[k], sums[at + 4 * k:at + 4 * k + 4]) for k, n in enumerate(row_nodes)})
-            at += 4 * len(row_nodes)
+        fresh = [(j, k) for j, d in enumerate(done) if d[4] is None for k in range(len(d[0]))]
+        every = [(j, k) for j, d in enumerate(done) for k in range(len(d[0]))]
+        float_sums = dict(zip(fresh, _pair_sums([done[j][1][k] for j, k in fresh], [done[j][3][k] for j, k in fresh])))
+        local_sums = dict(zip(every, _pair_sums([done[j][2][k] for j, k in every], [done[j][3][k] for j, k in every])))
+        out = []
+        for j, (row_nodes, floats, locs, _, kept, key) in enumerate(done):
+            if kept is None:
+                kept = [float_sums[(j, k)] for k in range(len(row_nodes))]
+                if key in self.floats:
+                    self.floats[key] = (floats, kept)
+            out.append({n: (floats[k], locs[k], [*kept[k], *local_sums[(j, k)]]) for k, n in enumerate(row_nodes)})
         return out
 
     def _values(self, inputs: list[Any], runtime_inputs: dict[int, torch.Tensor],
                 rows: dict[torch.fx.Node, torch.Tensor], sample: Any) -> tuple:
+        """(row nodes, float values, local values, runtime values, the kept [Σref², Σ(ref − rt)²] per row or
+        None, the key of the kept float values)."""
         row_nodes = tuple(n for n in self.fgm.graph.nodes if n in rows)
         index = tuple(i for i in sorted(runtime_inputs) if i < len(self.placeholders))
         args = [*inputs, *[runtime_inputs[i] for i in index], *[rows[n] for n in row_nodes]]
-        floats = self.floats.get((sample, row_nodes)) if sample is not None else None
-        if floats is not None:
+        key = (sample, row_nodes)
+        kept = self.floats.get(key) if sample is not None else None
+        if kept is not None and kept[1] is not None:  # the float values and their sums (no local value in them)
+            floats, float_sums = kept
             locs = list(self._module((row_nodes, index), False)(*args))
         else:
             out = self._module((row_nodes, index), True)(*args)
-            floats, locs = list(out[0::2]), list(out[1::2])
+            floats, locs, float_sums = list(out[0::2]), list(out[1::2]), None
             size = sum(t.numel() * t.element_size() for t in floats)
-            if sample is not None and self.float_bytes + size <= _FLOAT_CACHE_BYTES:
-                self.floats[(sample, row_nodes)] = floats
+            if sample is not None and key not in self.floats and self.float_bytes + size <= _FLOAT_CACHE_BYTES:
+                self.floats[key] = (floats, None)  # run_all adds their sums
                 self.float_bytes += size
-        return row_nodes, floats, locs, [rows[n] for n in row_nodes]
+        return row_nodes, floats, locs, [rows[n] for n in row_nodes], float_sums, key
 
 
 # ---------------------------------------------------------------------------------------------------------------
