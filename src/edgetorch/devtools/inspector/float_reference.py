@@ -637,9 +637,20 @@ def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pr
     group's output quantization, where it has one})."""
     prep = _prepared(inspector, method)
     readings = _readings(inspector, prep, method, runs, want_pre)
-    values = prep.runner.run_all([(flat, rti, rows, index) for index, flat, rows, _, _, rti in readings])
-    for (_, flat, rows, ends, pre, _), v in zip(readings, values):
-        yield flat, rows, ends, v, pre
+    chunk: list[tuple] = []
+    size = 0
+    for at, r in enumerate(readings):  # samples run together up to _CHUNK_ELEMENTS row values (their sums reduced
+        # together), the next chunk once the caller is done with these: fewer new pages for a large model
+        chunk.append(r)
+        size += sum(t.numel() for t in r[2].values())
+        if size >= _CHUNK_ELEMENTS or at == len(readings) - 1:
+            values = prep.runner.run_all([(flat, rti, rows, index) for index, flat, rows, _, _, rti in chunk])
+            for (_, flat, rows, ends, pre, _), v in zip(chunk, values):
+                yield flat, rows, ends, v, pre
+            chunk, size, values = [], 0, []
+
+
+_CHUNK_ELEMENTS = 1 << 22  # row values of the samples run and reduced together (a chunk ends past this many)
 
 
 def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
