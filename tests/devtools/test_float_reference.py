@@ -302,3 +302,24 @@ def test_a_parsed_record_gives_the_float_graph_without_deserializing_it(portable
         assert [v[0] for v in table[col]] == [v[0] for v in run.table[col]]
     for col in ("sqnr_db", "local_sqnr_db", "weight_sqnr_db", "rmse_over_scale"):
         assert table[col].equals(run.table[col])
+
+
+def test_samples_run_in_chunks_give_the_same_table(portable, monkeypatch) -> None:  # noqa: ANN001
+    from edgetorch.devtools.inspector import float_reference as fr
+
+    model, samples, session, run = portable
+    monkeypatch.setattr(fr, "_CHUNK_ELEMENTS", 1)  # every sample its own chunk (a large model's path)
+    fr._drop_float_values(run.inspector)
+    table = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    assert list(table["aot_ops"]) == list(run.table["aot_ops"]) and table.attrs["samples"] == 3
+    for col in ("gap", "local_gap"):
+        assert [v[0] for v in table[col]] == pytest.approx([v[0] for v in run.table[col]], rel=1e-6)
+    for col in ("sqnr_db", "local_sqnr_db", "rmse_over_scale"):
+        assert list(table[col]) == pytest.approx(list(run.table[col]), rel=1e-6, nan_ok=True)
+    # and against the float model run eagerly: the accumulated error of fc1+relu, float64 from its definition
+    gm = session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
+    relu_dq = _downstream(gm, "relu")
+    with torch.no_grad():
+        want = sum(_mse(torch.relu(model.fc1(x)), node_values(gm, x)[relu_dq]) for (x,) in samples) / 3
+    by_op = table.set_index(table["aot_ops"].map(lambda ops: ops[0]))
+    assert by_op.loc["relu", "gap"][0] == pytest.approx(want, rel=1e-4)

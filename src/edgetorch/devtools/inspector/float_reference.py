@@ -216,8 +216,8 @@ def _read(reads: tuple[_Read, ...], rt: dict[int, list[torch.Tensor]]) -> tuple[
         t = next((t for t in rt.get(r.edge_handle, ()) if t.dtype == r.dtype and t.numel() == r.numel), None)
         if t is None:
             continue
-        if r.scale is not None:
-            t = (t.to(torch.float32) - r.zero_point) * r.scale
+        if r.scale is not None:  # the same float32 arithmetic as (t - zero_point) * scale, one buffer
+            t = torch.sub(t.to(torch.float32), r.zero_point).mul_(r.scale)
         if t.is_floating_point():
             return t, r.node
     return None
@@ -619,15 +619,20 @@ def _readings(inspector: Any, prep: _Prepared, method: str, runs: Sequence[int] 
             got = _read(plan.reads, rt)
             if got is None or got[0].numel() != plan.shape.numel():
                 continue
-            rows[plan.end] = got[0].reshape(plan.shape).to(plan.dtype)
+            rows[plan.end] = _as(got[0], plan.shape, plan.dtype)
             ends[plan.end] = (plan.handle, got[1].name)
             if want_pre and got[1] is not prep.groups[plan.handle].sources[-1].node:
                 before = _read(plan.own, rt)
                 if before is not None and before[0].numel() == plan.shape.numel():
-                    pre[plan.end] = before[0].reshape(plan.shape).to(plan.dtype)
+                    pre[plan.end] = _as(before[0], plan.shape, plan.dtype)
         out.append((index, pytree.tree_leaves(tuple(inputs)), rows, ends, pre, _quantized_inputs(prep.inputs, rt)))
     prep.readings[key] = out
     return out
+
+
+def _as(t: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` reshaped to ``shape`` as ``dtype`` (itself when it already is: no call per row and sample)."""
+    return t if t.dtype == dtype and t.shape == shape else t.reshape(shape).to(dtype)
 
 
 def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pre: bool = False
