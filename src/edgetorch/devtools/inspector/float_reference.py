@@ -364,9 +364,10 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
         elif differs:
             rt[n] = local
     g.output(tuple(outs))
-    if not with_float:  # drop the float pass the local one does not read: every op is pure here (in-place ops made
-        # out-of-place or run on clones; an inference dropout is the identity)
-        g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output"))
+    # drop what no returned value reads (without ``with_float``, the float pass the local one does not read; with
+    # it, e.g. the ops after the last row): every op is pure here (in-place ops made out-of-place or run on clones;
+    # an inference dropout is the identity)
+    g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output"))
     return torch.fx.GraphModule(fgm, g)
 
 
