@@ -390,9 +390,19 @@ def _pair_sums(vals: list[torch.Tensor], rts: list[torch.Tensor]) -> list[list[f
         sq = torch.stack([v, v - x]).square_().sum(-1).T.tolist()
         for i, row in zip(idx, sq):
             out[i] = row
-    for i, (v, x) in enumerate(zip(vals, rts)):
-        if not out[i]:
+    rest = [i for i, row in enumerate(out) if not row]
+    dots = []  # 0-d float32 tensors, converted together at the end (one call, the same values)
+    for i in rest:
+        v, x = vals[i], rts[i]
+        if v.dtype == x.dtype == torch.float32:
+            flat, diff = v.reshape(-1), (v - x).reshape(-1)
+            dots += [torch.dot(flat, flat), torch.dot(diff, diff)]
+        else:
             out[i] = [_sq(v), _sq(v - x)]
+    sums = iter(torch.stack(dots).tolist() if dots else [])
+    for i in rest:
+        if not out[i]:
+            out[i] = [next(sums), next(sums)]
     return out
 
 
