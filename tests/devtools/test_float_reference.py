@@ -267,3 +267,59 @@ def test_a_later_table_reuses_what_the_first_read_and_computed(portable) -> None
             assert [v[0] for v in df[col]] == [v[0] for v in run.table[col]]
         for col in ("sqnr_db", "local_sqnr_db", "weight_sqnr_db", "rmse_over_scale"):
             assert df[col].equals(run.table[col])  # bit for bit (NaN where the first table has NaN)
+
+
+def test_a_parsed_record_gives_the_float_graph_without_deserializing_it(portable, tmp_path) -> None:  # noqa: ANN001
+    from edgetorch.devtools.etrecord._reference import reference_from_program
+
+    model, samples, session, run = portable
+    paths = [str(tmp_path / n) for n in ("q.etrecord", "q.etdp", "q_debug.bin")]
+    record = session.get_etrecord()
+    record.update_representative_inputs(samples)
+    record.save(paths[0])
+    rec = parse_etrecord(paths[0])
+    fgm = rec.graph_map_reference("float/forward")
+    assert fgm is not None and not rec._is_loaded("graph_map")  # the compact view: no program deserialized
+    assert rec.graph_map_reference("float/forward") is fgm  # cached
+    assert rec.graph_map_reference("nope/forward") is None
+    with torch.no_grad():
+        assert torch.equal(fgm(*samples[0])[0], model(*samples[0]))
+    # the nodes, debug handles and module stacks of the full program's graph
+    full = reference_from_program(parse_etrecord(paths[0]).graph_map["float/forward"], "forward")
+    assert [(n.name, n.target, n.meta.get("custom"), n.meta.get("nn_module_stack")) for n in fgm.graph.nodes] == \
+        [(n.name, n.target, n.meta.get("custom"), n.meta.get("nn_module_stack")) for n in full.graph.nodes]
+    # an Inspector on the saved files: the same table as the in-memory record's, the float program never loaded
+    program = Runtime.get().load_program(session.get_pte_buffer(), enable_etdump=True, debug_buffer_size="auto")
+    method = program.load_method("forward")
+    for s in samples:
+        method.execute(*s)
+    program.write_etdump_result_to_file(paths[1], paths[2])
+    inspector = Inspector(etdump_path=paths[1], etrecord=paths[0], debug_buffer_path=paths[2])
+    table = inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    assert not inspector.etrecord._is_loaded("graph_map")
+    assert list(table["aot_ops"]) == list(run.table["aot_ops"])
+    for col in ("gap", "local_gap"):
+        assert [v[0] for v in table[col]] == [v[0] for v in run.table[col]]
+    for col in ("sqnr_db", "local_sqnr_db", "weight_sqnr_db", "rmse_over_scale"):
+        assert table[col].equals(run.table[col])
+
+
+def test_samples_run_in_chunks_give_the_same_table(portable, monkeypatch) -> None:  # noqa: ANN001
+    from edgetorch.devtools.inspector import float_reference as fr
+
+    model, samples, session, run = portable
+    monkeypatch.setattr(fr, "_CHUNK_ELEMENTS", 1)  # every sample its own chunk (a large model's path)
+    fr._drop_float_values(run.inspector)
+    table = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    assert list(table["aot_ops"]) == list(run.table["aot_ops"]) and table.attrs["samples"] == 3
+    for col in ("gap", "local_gap"):
+        assert [v[0] for v in table[col]] == pytest.approx([v[0] for v in run.table[col]], rel=1e-6)
+    for col in ("sqnr_db", "local_sqnr_db", "rmse_over_scale"):
+        assert list(table[col]) == pytest.approx(list(run.table[col]), rel=1e-6, nan_ok=True)
+    # and against the float model run eagerly: the accumulated error of fc1+relu, float64 from its definition
+    gm = session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
+    relu_dq = _downstream(gm, "relu")
+    with torch.no_grad():
+        want = sum(_mse(torch.relu(model.fc1(x)), node_values(gm, x)[relu_dq]) for (x,) in samples) / 3
+    by_op = table.set_index(table["aot_ops"].map(lambda ops: ops[0]))
+    assert by_op.loc["relu", "gap"][0] == pytest.approx(want, rel=1e-4)

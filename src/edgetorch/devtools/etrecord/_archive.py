@@ -66,6 +66,8 @@ REFERENCE_INDEX = "reference/index.json"
 REFERENCE_GRAPH = "reference/{}.json"
 EDGE_REFERENCE_INDEX = "edge_reference/index.json"
 EDGE_REFERENCE_GRAPH = "edge_reference/{}.json"
+GRAPH_MAP_REFERENCE_INDEX = "graph_map_reference/index.json"  # {graph_map key: entry number}
+GRAPH_MAP_REFERENCE_GRAPH = "graph_map_reference/{}.json"
 HANDLES_INDEX = "handles/index.json"
 HANDLE_TABLE = "handles/{}.json"
 MANIFEST = "manifest.json"  # {"version": 1, "entries": {name: "sha256:<hex>" | "crc32:<hex>"}}, written last
@@ -215,7 +217,8 @@ Entry = tuple[str, bytes | list[bytes]]
 
 
 def _views(rec: ETRecord, blobs: TensorBlobWriter) -> list[Entry]:
-    """The reference graphs (ATen programs) and handle tables (edge programs), one entry per method. A method
+    """The reference graphs (ATen programs, edge programs and the ``graph_map`` programs such as the float
+    program of quantization debugging) and handle tables (edge programs), one entry per method. A method
     whose program the compact schema cannot express gets no entry (and a warning): readers then fall back to
     the full program."""
     out: list[Entry] = []
@@ -224,15 +227,18 @@ def _views(rec: ETRecord, blobs: TensorBlobWriter) -> list[Entry]:
              lambda ep, m: encode_reference(ep, m, blobs.add), "reference graph"),
             (EDGE_REFERENCE_INDEX, EDGE_REFERENCE_GRAPH, rec.edge_programs,
              lambda ep, m: encode_reference(ep, m, blobs.add), "edge reference graph"),
-            (HANDLES_INDEX, HANDLE_TABLE, rec.edge_programs, encode_handles, "handle table")):
+            (HANDLES_INDEX, HANDLE_TABLE, rec.edge_programs, encode_handles, "handle table"),
+            (GRAPH_MAP_REFERENCE_INDEX, GRAPH_MAP_REFERENCE_GRAPH, rec.graph_map,
+             lambda ep, m: encode_reference(ep, m, blobs.add), "graph_map reference graph")):
         index: dict[str, int] = {}
         docs: list[Entry] = []
         for m, ep in progs.items():
             try:
                 data = _json_bytes(encode(ep, m))
             except Exception as e:  # an optional view never makes saving fail
-                log.warning("ETRecord: no %s stored for method %r (%s: %s); readers will rebuild it from the "
-                            "full program", what, m, type(e).__name__, e)
+                say = log.debug if index_name == GRAPH_MAP_REFERENCE_INDEX else log.warning  # graph_map: any program
+                say("ETRecord: no %s stored for method %r (%s: %s); readers will rebuild it from the full program",
+                    what, m, type(e).__name__, e)
                 continue
             index[m] = len(docs)
             docs.append((entry_name.format(len(docs)), data))
@@ -605,12 +611,14 @@ class ArchiveSource:
 
     def __init__(self, r: _Reader, reader: TensorReader, roles: dict[str, dict[str, int]],
                  references: dict[str, int], handles: dict[str, int], mapped: bool,
-                 edge_references: dict[str, int] | None = None) -> None:
+                 edge_references: dict[str, int] | None = None,
+                 graph_map_references: dict[str, int] | None = None) -> None:
         self._r = r
         self.reader = reader
         self.roles = roles
         self.references = references
         self.edge_references = edge_references or {}
+        self.graph_map_references = graph_map_references or {}  # {graph_map key: entry}; {} in older files
         self.handles = handles
         self.mapped = mapped  # tensors are views of a read-only (copy-on-write) mapping of the file
         self._programs: dict[int, ExportedProgram] = {}
@@ -655,6 +663,10 @@ class ArchiveSource:
 
     def edge_reference_graph(self, method: str) -> torch.fx.GraphModule:
         return self._view(EDGE_REFERENCE_GRAPH.format(self.edge_references[method]), method,
+                          lambda doc: build_reference(doc, self.reader.read))
+
+    def graph_map_reference_graph(self, key: str) -> torch.fx.GraphModule:
+        return self._view(GRAPH_MAP_REFERENCE_GRAPH.format(self.graph_map_references[key]), key,
                           lambda doc: build_reference(doc, self.reader.read))
 
     def handle_table(self, method: str) -> dict[int, list[NodeInfo]]:
@@ -724,7 +736,8 @@ def read_archive(source: str | IO[bytes] | bytes, path: str | None) -> tuple[dic
     fields["_reference_outputs"] = _read_samples(r, OUTPUTS, reader)
     source_ = ArchiveSource(r, reader, roles, _view_index(r, REFERENCE_INDEX, REFERENCE_GRAPH),
                             _view_index(r, HANDLES_INDEX, HANDLE_TABLE), mapped,
-                            _view_index(r, EDGE_REFERENCE_INDEX, EDGE_REFERENCE_GRAPH))
+                            _view_index(r, EDGE_REFERENCE_INDEX, EDGE_REFERENCE_GRAPH),
+                            _view_index(r, GRAPH_MAP_REFERENCE_INDEX, GRAPH_MAP_REFERENCE_GRAPH))
     return fields, source_
 
 

@@ -106,6 +106,7 @@ class ETRecord:
             "aten": aten, "edge": edge, "graph_map": dict(graph_map or {})}
         self._reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
         self._edge_reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
+        self._graph_map_reference_cache: dict[str, tuple[Any, torch.fx.GraphModule | None]] = {}
         self._handle_cache: dict[str, tuple[Any, dict[int, list[NodeInfo]]]] = {}
         #: {method: [HandleGroup]}; None until the executorch stage is recorded. The old tables (debug handle
         #: map, delegate map, delegate outputs) are read into it by the same parser as old files.
@@ -211,10 +212,10 @@ class ETRecord:
         ``method`` still maps to the program loaded from the file), else the program object itself (None
         when there is none or it is not loaded)."""
         lazy = self._lazy
-        base = "edge" if role == "edge_reference" else role  # the edge reference graph views the edge program
+        base = {"edge_reference": "edge", "graph_map_reference": "graph_map"}.get(role, role)  # the program viewed
         d = self._roles[base]
-        stored = {"aten": lazy.references, "edge": lazy.handles,
-                  "edge_reference": lazy.edge_references}[role] if lazy is not None else {}
+        stored = {"aten": lazy.references, "edge": lazy.handles, "edge_reference": lazy.edge_references,
+                  "graph_map_reference": lazy.graph_map_references}[role] if lazy is not None else {}
         if lazy is not None and method in stored:
             if d is None or lazy.is_stored(base, method, d.get(method)):
                 return _FROM_FILE
@@ -239,27 +240,39 @@ class ETRecord:
         program or it cannot be expressed as such a graph. Cached: treat it as read-only."""
         return self._graph_view("edge_reference", method)
 
+    def graph_map_reference(self, key: str) -> torch.fx.GraphModule | None:
+        """The ``graph_map[key]`` program (e.g. ``"float/forward"``, the float program of quantization debugging)
+        as a runnable flat ``GraphModule``, like ``reference_graph`` for the ATen program: loads in milliseconds
+        from a parsed record without deserializing the program (weights are views of the mapped file; a record
+        written before these views existed rebuilds it from the program). ``None`` when ``graph_map`` has no
+        ``key`` or the program cannot be expressed as such a graph. Cached: treat it as read-only."""
+        return self._graph_view("graph_map_reference", key)
+
     def _graph_view(self, role: str, method: str) -> torch.fx.GraphModule | None:
-        """The cached compact graph of ``method``'s ATen (``role`` "aten") or edge ("edge_reference") program:
-        from the file while its entry describes the record's program, else rebuilt from the program."""
-        aten = role == "aten"
-        cache = self._reference_cache if aten else self._edge_reference_cache
+        """The cached compact graph of ``method``'s ATen (``role`` "aten"), edge ("edge_reference") or
+        ``graph_map`` ("graph_map_reference", ``method`` a graph_map key) program: from the file while its entry
+        describes the record's program, else rebuilt from the program."""
+        cache, load, programs, what = {
+            "aten": (self._reference_cache, "reference_graph", "exported_programs", "reference graph"),
+            "edge_reference": (self._edge_reference_cache, "edge_reference_graph", "edge_programs",
+                               "edge reference graph"),
+            "graph_map_reference": (self._graph_map_reference_cache, "graph_map_reference_graph", "graph_map",
+                                    "graph_map reference graph")}[role]
         key = self._view_key(role, method)
         hit = cache.get(method)
         if hit is not None and key is not None and hit[0] is key:
             return hit[1]
         if key is _FROM_FILE:
             assert self._lazy is not None
-            gm = self._lazy.reference_graph(method) if aten else self._lazy.edge_reference_graph(method)
+            gm = getattr(self._lazy, load)(method)
         else:
-            key = (self.exported_programs if aten else self.edge_programs).get(method)
+            key = getattr(self, programs).get(method)
             if key is None:
                 return None
             try:
                 gm = reference_from_program(key, method)
             except UnsupportedValueError as e:
-                log.warning("ETRecord: no %s for method %r: %s", "reference graph" if aten else "edge reference graph",
-                            method, e)
+                log.warning("ETRecord: no %s for method %r: %s", what, method, e)
                 gm = None
         cache[method] = (key, gm)
         return gm
@@ -431,7 +444,7 @@ class ETRecord:
         """A shallow copy (programs and tensors shared, containers new) of every field."""
         new = _copy.copy(self)
         new._roles = {r: None if d is None else dict(d) for r, d in self._roles.items()}  # unloaded stays lazy
-        for k in ("_reference_cache", "_edge_reference_cache", "_handle_cache"):
+        for k in ("_reference_cache", "_edge_reference_cache", "_graph_map_reference_cache", "_handle_cache"):
             setattr(new, k, dict(getattr(self, k)))
         for k in ("_handle_groups", "_reference_outputs", "_representative_inputs", "memory_plan"):
             v = getattr(self, k)

@@ -216,8 +216,8 @@ def _read(reads: tuple[_Read, ...], rt: dict[int, list[torch.Tensor]]) -> tuple[
         t = next((t for t in rt.get(r.edge_handle, ()) if t.dtype == r.dtype and t.numel() == r.numel), None)
         if t is None:
             continue
-        if r.scale is not None:
-            t = (t.to(torch.float32) - r.zero_point) * r.scale
+        if r.scale is not None:  # the same float32 arithmetic as (t - zero_point) * scale, one buffer
+            t = torch.sub(t.to(torch.float32), r.zero_point).mul_(r.scale)
         if t.is_floating_point():
             return t, r.node
     return None
@@ -364,35 +364,46 @@ def _joint_module(fgm: torch.fx.GraphModule, row_nodes: tuple[torch.fx.Node, ...
         elif differs:
             rt[n] = local
     g.output(tuple(outs))
-    if not with_float:  # drop the float pass the local one does not read: every op is pure here (in-place ops made
-        # out-of-place or run on clones; an inference dropout is the identity)
-        g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output"))
+    # drop what no returned value reads (without ``with_float``, the float pass the local one does not read; with
+    # it, e.g. the ops after the last row): every op is pure here (in-place ops made out-of-place or run on clones;
+    # an inference dropout is the identity)
+    g.eliminate_dead_code(is_impure_node=lambda n: n.op in ("placeholder", "output"))
     return torch.fx.GraphModule(fgm, g)
 
 
 _STACKED = 1024  # rows up to this many elements are reduced stacked (larger ones: stacking costs more)
 
 
-def _row_sums(refs: list[torch.Tensor], locs: list[torch.Tensor], rts: list[torch.Tensor]) -> list[float]:
-    """Per row, Σref², Σ(ref − runtime)², Σlocal², Σ(local − runtime)² (row after row). Small float32 rows of one
-    size are stacked and reduced together (a handful of calls per size instead of six per row: the per-call cost
-    dominates on small models); the others row by row (float32 dot products, float64 for other dtypes)."""
-    out: list[list[float]] = [[] for _ in refs]
+def _pair_sums(vals: list[torch.Tensor], rts: list[torch.Tensor]) -> list[list[float]]:
+    """Per row, [Σval², Σ(val − runtime)²]. Small float32 rows of one size are stacked and reduced together (a
+    handful of calls per size instead of four per row: the per-call cost dominates on small models); the others
+    row by row (float32 dot products, float64 for other dtypes)."""
+    out: list[list[float]] = [[] for _ in vals]
     by_size: dict[int, list[int]] = {}
-    for i, t in enumerate(refs):
+    for i, t in enumerate(vals):
         if t.dtype == torch.float32 and t.numel() <= _STACKED:
             by_size.setdefault(t.numel(), []).append(i)
     for size, idx in by_size.items():
         if len(idx) < 2:
             continue
-        r, lo, x = (torch.stack([ts[i].reshape(size) for i in idx]) for ts in (refs, locs, rts))
-        sq = torch.stack([r, r - x, lo, lo - x]).square_().sum(-1).T.tolist()
+        v, x = (torch.stack([ts[i].reshape(size) for i in idx]) for ts in (vals, rts))
+        sq = torch.stack([v, v - x]).square_().sum(-1).T.tolist()
         for i, row in zip(idx, sq):
             out[i] = row
-    for i, (r, lo, x) in enumerate(zip(refs, locs, rts)):
+    rest = [i for i, row in enumerate(out) if not row]
+    dots = []  # 0-d float32 tensors, converted together at the end (one call, the same values)
+    for i in rest:
+        v, x = vals[i], rts[i]
+        if v.dtype == x.dtype == torch.float32:
+            flat, diff = v.reshape(-1), (v - x).reshape(-1)
+            dots += [torch.dot(flat, flat), torch.dot(diff, diff)]
+        else:
+            out[i] = [_sq(v), _sq(v - x)]
+    sums = iter(torch.stack(dots).tolist() if dots else [])
+    for i in rest:
         if not out[i]:
-            out[i] = [_sq(r), _sq(r - x), _sq(lo), _sq(lo - x)]
-    return [v for row in out for v in row]
+            out[i] = [next(sums), next(sums)]
+    return out
 
 
 _FLOAT_CACHE_BYTES = 512 << 20  # the float values of the rows kept per Inspector for later tables
@@ -425,32 +436,41 @@ class _JointRunner:
 
     def run_all(self, batch: list[tuple]) -> list[dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor, list[float]]]]:
         """:meth:`run` on every (inputs, runtime inputs, rows, sample) of ``batch``, the sums of all of them
-        reduced together (fewer, larger calls)."""
+        reduced together (fewer, larger calls); the float values' sums of a kept sample are kept with them."""
         done = [self._values(*item) for item in batch]
-        sums = _row_sums([t for d in done for t in d[1]], [t for d in done for t in d[2]],
-                         [t for d in done for t in d[3]])
-        out, at = [], 0
-        for row_nodes, floats, locs, _ in done:
-            out.append({n: (floats[k], locs[k], sums[at + 4 * k:at + 4 * k + 4]) for k, n in enumerate(row_nodes)})
-            at += 4 * len(row_nodes)
+        fresh = [(j, k) for j, d in enumerate(done) if d[4] is None for k in range(len(d[0]))]
+        every = [(j, k) for j, d in enumerate(done) for k in range(len(d[0]))]
+        float_sums = dict(zip(fresh, _pair_sums([done[j][1][k] for j, k in fresh], [done[j][3][k] for j, k in fresh])))
+        local_sums = dict(zip(every, _pair_sums([done[j][2][k] for j, k in every], [done[j][3][k] for j, k in every])))
+        out = []
+        for j, (row_nodes, floats, locs, _, kept, key) in enumerate(done):
+            if kept is None:
+                kept = [float_sums[(j, k)] for k in range(len(row_nodes))]
+                if key in self.floats:
+                    self.floats[key] = (floats, kept)
+            out.append({n: (floats[k], locs[k], [*kept[k], *local_sums[(j, k)]]) for k, n in enumerate(row_nodes)})
         return out
 
     def _values(self, inputs: list[Any], runtime_inputs: dict[int, torch.Tensor],
                 rows: dict[torch.fx.Node, torch.Tensor], sample: Any) -> tuple:
+        """(row nodes, float values, local values, runtime values, the kept [Σref², Σ(ref − rt)²] per row or
+        None, the key of the kept float values)."""
         row_nodes = tuple(n for n in self.fgm.graph.nodes if n in rows)
         index = tuple(i for i in sorted(runtime_inputs) if i < len(self.placeholders))
         args = [*inputs, *[runtime_inputs[i] for i in index], *[rows[n] for n in row_nodes]]
-        floats = self.floats.get((sample, row_nodes)) if sample is not None else None
-        if floats is not None:
+        key = (sample, row_nodes)
+        kept = self.floats.get(key) if sample is not None else None
+        if kept is not None and kept[1] is not None:  # the float values and their sums (no local value in them)
+            floats, float_sums = kept
             locs = list(self._module((row_nodes, index), False)(*args))
         else:
             out = self._module((row_nodes, index), True)(*args)
-            floats, locs = list(out[0::2]), list(out[1::2])
+            floats, locs, float_sums = list(out[0::2]), list(out[1::2]), None
             size = sum(t.numel() * t.element_size() for t in floats)
-            if sample is not None and self.float_bytes + size <= _FLOAT_CACHE_BYTES:
-                self.floats[(sample, row_nodes)] = floats
+            if sample is not None and key not in self.floats and self.float_bytes + size <= _FLOAT_CACHE_BYTES:
+                self.floats[key] = (floats, None)  # run_all adds their sums
                 self.float_bytes += size
-        return row_nodes, floats, locs, [rows[n] for n in row_nodes]
+        return row_nodes, floats, locs, [rows[n] for n in row_nodes], float_sums, key
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -536,16 +556,18 @@ def _graphs(inspector: Any, method: str) -> tuple[torch.fx.GraphModule, torch.fx
     if rec is None:
         raise InspectorError("reference_graph='float' needs an ETRecord (pass etrecord=...)")
     key = f"{FLOAT_GRAPH}/{method}"
-    ep = (rec.graph_map or {}).get(key)
-    if ep is None:
+    if key not in rec._program_names("graph_map"):
         raise InspectorError(f"the ETRecord holds no float program for method '{method}' (graph_map['{key}']): "
                              "export with a quantization recipe and generate_etrecord=True, or call "
                              "etrecord.add_float_reference(float_program) (see "
                              "edgetorch.export.quantizer.capture_float_program)")
+    fgm = rec.graph_map_reference(key)  # compact view: no program deserialization, weights mapped
+    if fgm is None:
+        fgm = reference_from_program(rec.graph_map[key], method)
     qgm = rec.edge_reference_graph(method)
     if qgm is None:
         qgm = rec.edge_program(method).module()
-    return reference_from_program(ep, method), qgm
+    return fgm, qgm
 
 
 class _Prepared(NamedTuple):
@@ -608,15 +630,20 @@ def _readings(inspector: Any, prep: _Prepared, method: str, runs: Sequence[int] 
             got = _read(plan.reads, rt)
             if got is None or got[0].numel() != plan.shape.numel():
                 continue
-            rows[plan.end] = got[0].reshape(plan.shape).to(plan.dtype)
+            rows[plan.end] = _as(got[0], plan.shape, plan.dtype)
             ends[plan.end] = (plan.handle, got[1].name)
             if want_pre and got[1] is not prep.groups[plan.handle].sources[-1].node:
                 before = _read(plan.own, rt)
                 if before is not None and before[0].numel() == plan.shape.numel():
-                    pre[plan.end] = before[0].reshape(plan.shape).to(plan.dtype)
+                    pre[plan.end] = _as(before[0], plan.shape, plan.dtype)
         out.append((index, pytree.tree_leaves(tuple(inputs)), rows, ends, pre, _quantized_inputs(prep.inputs, rt)))
     prep.readings[key] = out
     return out
+
+
+def _as(t: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` reshaped to ``shape`` as ``dtype`` (itself when it already is: no call per row and sample)."""
+    return t if t.dtype == dtype and t.shape == shape else t.reshape(shape).to(dtype)
 
 
 def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pre: bool = False
@@ -626,9 +653,20 @@ def _per_sample(inspector: Any, method: str, runs: Sequence[int] | None, want_pr
     group's output quantization, where it has one})."""
     prep = _prepared(inspector, method)
     readings = _readings(inspector, prep, method, runs, want_pre)
-    values = prep.runner.run_all([(flat, rti, rows, index) for index, flat, rows, _, _, rti in readings])
-    for (_, flat, rows, ends, pre, _), v in zip(readings, values):
-        yield flat, rows, ends, v, pre
+    chunk: list[tuple] = []
+    size = 0
+    for at, r in enumerate(readings):  # samples run together up to _CHUNK_ELEMENTS row values (their sums reduced
+        # together), the next chunk once the caller is done with these: fewer new pages for a large model
+        chunk.append(r)
+        size += sum(t.numel() for t in r[2].values())
+        if size >= _CHUNK_ELEMENTS or at == len(readings) - 1:
+            values = prep.runner.run_all([(flat, rti, rows, index) for index, flat, rows, _, _, rti in chunk])
+            for (_, flat, rows, ends, pre, _), v in zip(chunk, values):
+                yield flat, rows, ends, v, pre
+            chunk, size, values = [], 0, []
+
+
+_CHUNK_ELEMENTS = 1 << 22  # row values of the samples run and reduced together (a chunk ends past this many)
 
 
 def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None = None,
