@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fallback-model", default=None, help="default: the model whose INT8 loses most")
     ap.add_argument("--select-samples", type=int, default=16,
                     help="samples (a third seed) the fallback chooses its blocks on; 0: the calibration samples")
+    ap.add_argument("--max-layers", type=int, default=3, help="fallback steps (layers kept float)")
+    ap.add_argument("--shortlist", type=int, default=12, help="best single blocks the greedy fallback considers")
     ap.add_argument("--activation-observer", default="minmax", choices=("minmax", "histogram"),
                     help="activation observer of the INT8 cosines and the fallback")
     ap.add_argument("--no-bias-correction", action="store_true",
@@ -200,8 +202,9 @@ def fallback(args: argparse.Namespace, models: list[str]) -> dict:
     model, samples = build(name, args.samples, 0)
     _, held_out = build(name, args.samples, 1)
     select = build(name, args.select_samples, 2)[1] if args.select_samples else None
-    report = selective_fallback(model, samples, RECIPES["portable"], max_layers=3, eval_samples=held_out,
-                                latency_repeats=5, select_samples=select, **options)
+    report = selective_fallback(model, samples, RECIPES["portable"], max_layers=args.max_layers,
+                                eval_samples=held_out, latency_repeats=5, select_samples=select,
+                                shortlist=args.shortlist, **options)
     steps = report.steps
     print(f"selective fallback on {name} (portable; blocks chosen on {len(select or samples)} "
           f"{'selection' if select else 'calibration'} samples, cosine on {len(held_out)} held-out samples):")

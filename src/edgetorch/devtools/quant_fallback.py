@@ -243,7 +243,8 @@ _RANKINGS = ("block", "simulate", "impact", "local_sqnr")
 def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: RecipeType,
                        max_layers: int = 3, eval_samples: Sequence[tuple] | None = None,
                        latency_repeats: int = 3, ranking: str = "block",
-                       select_samples: Sequence[tuple] | None = None, **recipe_options: Any) -> FallbackReport:
+                       select_samples: Sequence[tuple] | None = None, shortlist: int = 12,
+                       **recipe_options: Any) -> FallbackReport:
     """Quantizes ``model`` with ``recipe_type`` (calibrated on ``samples``), chooses up to ``max_layers`` layers
     to keep in float, then keeps the first 1..``max_layers`` float, one export per step. Accuracy (cosine to the
     float model) is measured on ``eval_samples`` (default: ``samples``). ``ranking``: "block" (the default:
@@ -251,7 +252,8 @@ def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_
     fake-quantized model) or a ranking of the float-reference table rows (:func:`rank_layers`: "simulate",
     "impact", "local_sqnr"; the op alone kept float). ``select_samples``: the samples the "block" ranking
     chooses on (default: ``samples``; other samples than the calibration ones and ``eval_samples`` generalize
-    better, see :func:`simulate_blocks`). ``recipe_options`` go to the recipe (e.g. ``activation_observer``,
+    better, see :func:`simulate_blocks`); ``shortlist``: how many of the best single blocks the greedy choice
+    considers (:func:`simulate_blocks`). ``recipe_options`` go to the recipe (e.g. ``activation_observer``,
     ``bias_correction``, or exclusions already decided)."""
     if not isinstance(max_layers, int) or max_layers < 1:
         raise InspectorError(f"max_layers must be a positive int, got {max_layers!r}")
@@ -260,7 +262,8 @@ def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_
     samples = [tuple(s) for s in samples]
     evals = [tuple(s) for s in (eval_samples or samples)]
     base = _export_run(model, samples, recipe_type, recipe_options)
-    culprits, plan = _plan(model, samples, recipe_type, recipe_options, base, ranking, max_layers, select_samples)
+    culprits, plan = _plan(model, samples, recipe_type, recipe_options, base, ranking, max_layers, select_samples,
+                           shortlist)
     fp32 = export(model, evals[:1], ExportRecipe.get_recipe(fp32_recipe_of(recipe_type)))
     float_ms = run_latency_ms(fp32.get_pte_buffer(), evals, latency_repeats)
     nodes = list(recipe_options.pop("quant_exclude_nodes", ()))
@@ -285,14 +288,14 @@ def selective_fallback(model: torch.nn.Module, samples: Sequence[tuple], recipe_
 
 
 def _plan(model: torch.nn.Module, samples: list[tuple], recipe_type: RecipeType, options: dict[str, Any],
-          base: QuantizedRun, ranking: str, steps: int, select_samples: Sequence[tuple] | None = None
-          ) -> tuple[pd.DataFrame, list[tuple[list[str], list[str]]]]:
+          base: QuantizedRun, ranking: str, steps: int, select_samples: Sequence[tuple] | None = None,
+          shortlist: int = 12) -> tuple[pd.DataFrame, list[tuple[list[str], list[str]]]]:
     """The culprits and, per step, the (nodes, activations) it adds to the float ones."""
     if ranking != "block":
         culprits = rank_layers(base, ranking, steps).head(steps)
         return culprits, [(layer_nodes(base, culprits.iloc[k]), []) for k in range(len(culprits))]
     quantizers = ExportRecipe.get_recipe(recipe_type, **options).quantization_recipe.quantizers
-    chosen = simulate_blocks(model, samples, quantizers[0], steps, select_samples=select_samples)
+    chosen = simulate_blocks(model, samples, quantizers[0], steps, shortlist, select_samples=select_samples)
     culprits = pd.DataFrame([{"layer": b.layer, "kept_float": list(b.nodes), "float_activations": list(b.activations),
                               "simulated_cosine": cos} for b, cos in chosen],
                             columns=["layer", "kept_float", "float_activations", "simulated_cosine"])
