@@ -15,8 +15,11 @@ encoder and a small-config Hugging Face BERT (random weights), portable and ONNX
    wall time (every timed function runs on this thread: one torch thread).
 2. planted bad layer: one layer's int8 weight re-quantized with an 8x larger scale (``coarsen_weight``: 3 bits of
    precision lost), then is it the top culprit (lowest local SQNR)? Target: >= 95 % of plants.
-3. selective fallback on the model where INT8 loses most (lowest cosine to float on held-out samples): keeping
-   1..3 layers in float, the share of the lost cosine recovered and the latency paid. Target: >= 50 %.
+3. selective fallback on the model where INT8 loses most: the INT8 program of every model (portable, the
+   recipe's defaults: bias correction on) is run on held-out samples (another seed than the calibration ones)
+   and its cosine to the float model printed; the lowest one is chosen (or ``--fallback-model``). Keeping 1..3
+   layers in float (blocks chosen on ``--select-samples`` samples of a third seed), the share of the lost cosine
+   recovered and the latency paid. Target: >= 50 %.
 
     python bench/bench_quant_debug.py                           # everything (tens of minutes on 2 cores)
     python bench/bench_quant_debug.py --models bert,transformer_encoder --plants 2 --backends portable
@@ -172,6 +175,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared machine)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: cost, plants, fallback")
     ap.add_argument("--fallback-model", default=None, help="default: the model whose INT8 loses most")
+    ap.add_argument("--select-samples", type=int, default=16,
+                    help="samples (a third seed) the fallback chooses its blocks on; 0: the calibration samples")
+    ap.add_argument("--max-layers", type=int, default=3, help="fallback steps (layers kept float)")
+    ap.add_argument("--shortlist", type=int, default=12, help="best single blocks the greedy fallback considers")
+    ap.add_argument("--activation-observer", default="minmax", choices=("minmax", "histogram"),
+                    help="activation observer of the INT8 cosines and the fallback")
+    ap.add_argument("--no-bias-correction", action="store_true",
+                    help="INT8 cosines and fallback without the recipe's bias correction")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")  # ORT's observer-effect warnings: the debug run unfuses, expected here
@@ -192,25 +203,45 @@ def main(argv: list[str] | None = None) -> dict:
         result["plant_hit_rate"] = hits / len(result["plants"])
         print(f"planted bad layer is the top culprit: {hits}/{len(result['plants'])}", flush=True)
     if "fallback" not in skip:
-        result["fallback"] = fallback(args, models, result["costs"])
+        result["fallback"] = fallback(args, models)
     return result
 
 
-def fallback(args: argparse.Namespace, models: list[str], costs: list[dict]) -> dict:
-    name = args.fallback_model
-    if name is None:
-        portable = [c for c in costs if c["backend"] == "portable"] or costs
-        name = min(portable, key=lambda c: c["cosine"])["model"] if portable else models[0]
+def int8_cosine(name: str, args: argparse.Namespace, options: dict) -> float:
+    """The portable INT8 program's cosine to the float model on held-out samples (seed 1), calibrated on
+    ``args.samples`` samples (seed 0)."""
+    from edgetorch.runtime import Runtime
+
     model, samples = build(name, args.samples, 0)
     _, held_out = build(name, args.samples, 1)
-    report = selective_fallback(model, samples, RECIPES["portable"], max_layers=3, eval_samples=held_out,
-                                latency_repeats=5)
+    pte = export(model, samples, ExportRecipe.get_recipe(RECIPES["portable"], **options)).get_pte_buffer()
+    method = Runtime.get().load_program(pte).load_method("forward")
+    return cosine_to_float(model, held_out, [method.execute(*s) for s in held_out])
+
+
+def fallback(args: argparse.Namespace, models: list[str]) -> dict:
+    options = {"activation_observer": args.activation_observer, "bias_correction": not args.no_bias_correction}
+    cosines = {}
+    for m in ([args.fallback_model] if args.fallback_model else models):
+        cosines[m] = int8_cosine(m, args, options)
+        print(json.dumps({"model": m, "int8_cosine_held_out": cosines[m], **options}), flush=True)
+    name = min(cosines, key=cosines.__getitem__)
+    print(f"the model where INT8 loses most: {name} (cosine {cosines[name]:.6f})" if not args.fallback_model
+          else f"fallback model (--fallback-model): {name}", flush=True)
+    model, samples = build(name, args.samples, 0)
+    _, held_out = build(name, args.samples, 1)
+    select = build(name, args.select_samples, 2)[1] if args.select_samples else None
+    report = selective_fallback(model, samples, RECIPES["portable"], max_layers=args.max_layers,
+                                eval_samples=held_out, latency_repeats=5, select_samples=select,
+                                shortlist=args.shortlist, **options)
     steps = report.steps
-    print(f"selective fallback on {name} (portable; cosine on {len(held_out)} held-out samples):")
+    print(f"selective fallback on {name} (portable; blocks chosen on {len(select or samples)} "
+          f"{'selection' if select else 'calibration'} samples, cosine on {len(held_out)} held-out samples):")
+    print(report.culprits[["layer", "kept_float", "float_activations", "simulated_cosine"]].to_string(index=False))
     print(steps[["step", "kept_float", "cosine", "accuracy_recovered", "latency_ms", "latency_vs_int8",
-                 "latency_vs_float"]].to_string(index=False))
-    return {"model": name, "steps": json.loads(steps.to_json(orient="records")),
-            "float_latency_ms": report.float_latency_ms}
+                 "latency_vs_float"]].to_string(index=False), flush=True)
+    return {"model": name, "int8_cosines": cosines, "options": options,
+            "steps": json.loads(steps.to_json(orient="records")), "float_latency_ms": report.float_latency_ms}
 
 
 if __name__ == "__main__":

@@ -76,3 +76,19 @@ def test_simulated_cosine_is_what_the_exported_program_measures() -> None:
         method = Runtime.get().load_program(pte).load_method("forward")
         measured = cosine_to_float(model, samples, [method.execute(*s) for s in samples])
         assert measured == pytest.approx(simulated, abs=1e-6)
+
+
+def test_blocks_chosen_on_select_samples_report_their_cosine_on_them() -> None:
+    """Calibrated on ``samples``, chosen (and scored) on ``select_samples``: the simulated cosine of each step is
+    what the re-exported program (calibrated on ``samples`` again) measures on the selection samples."""
+    model, samples = TinyConvNet().eval(), conv_samples()
+    g = torch.Generator().manual_seed(11)
+    select = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(6)]
+    quantizer = ExportRecipe.get_recipe(INT8).quantization_recipe.quantizers[0]
+    chosen = simulate_blocks(model, samples, quantizer, steps=2, select_samples=select)
+    block, simulated = chosen[0]
+    recipe = ExportRecipe.get_recipe(INT8, quant_exclude_nodes=block.nodes, quant_exclude_activations=block.activations)
+    method = Runtime.get().load_program(export(model, samples, recipe).get_pte_buffer()).load_method("forward")
+    assert cosine_to_float(model, select, [method.execute(*s) for s in select]) == pytest.approx(simulated, abs=1e-6)
+    on_calibration = cosine_to_float(model, samples, [method.execute(*s) for s in samples])
+    assert on_calibration != pytest.approx(simulated, abs=1e-6)  # scored on the selection samples, not these

@@ -7,6 +7,12 @@ are then fused: only the activation's output is quantized), and for static modes
 and ``max_pool2d`` / ``avg_pool2d`` / ``adaptive_avg_pool2d`` (output shares the input's parameters).
 Everything else stays in float; biases stay float.
 
+Bias correction (``bias_correction=True``, the default for static quantization; Nagel et al. 2019, "Data-Free
+Quantization", section 4.2, measured on the calibration samples): the int8 weight of a conv/linear shifts the
+mean of its output by ``E[op(x, W_int8 - W)]``; :func:`convert_calibrated` subtracts that mean (per output
+channel, over the calibration samples with the float model's inputs) from the op's float bias. It removes the
+systematic part of each layer's weight error and leaves the layers kept float untouched.
+
 Exclusions keep chosen ops in float (TFLite's denylist, the selective fallback of quantization debugging):
 ``exclude_module_paths`` (substrings of ``nn_module_stack`` paths, as ``OrtPartitioner``'s), ``exclude_nodes``
 (node names of the pre-quantization ATen graph, e.g. ``"conv2d_1"``, as the float reference graph of the
@@ -42,8 +48,8 @@ from torchao.quantization.pt2e.quantizer import (
 
 from edgetorch.errors import RecipeError
 
-__all__ = ["SymmetricQuantizationConfig", "SymmetricInt8Quantizer", "capture_float_program", "float_handle",
-           "get_symmetric_quantization_config"]
+__all__ = ["SymmetricQuantizationConfig", "SymmetricInt8Quantizer", "capture_float_program", "convert_calibrated",
+           "correct_biases", "float_handle", "get_symmetric_quantization_config"]
 
 _ANNOTATION_KEY = "quantization_annotation"  # the node.meta key prepare_pt2e reads
 _EPS = 2.0 ** -12
@@ -67,6 +73,8 @@ class SymmetricQuantizationConfig:
     ``dynamic``: activations of conv/linear are quantized at run time from their own min/max
     (``choose_qparams``); only conv/linear are annotated then.
     ``activation_observer``: "minmax" (fast, the default) or "histogram" (slower calibration, clips outliers).
+    ``bias_correction``: static quantization corrects each conv/linear bias for the mean output shift of its
+    weight quantization (see the module docstring and :func:`convert_calibrated`); ignored when ``dynamic``.
     ``exclude_module_paths`` / ``exclude_nodes`` / ``exclude_ops``: ops kept in float; ``exclude_activations``:
     values kept float (see the module docstring); bad values raise ``RecipeError`` naming the argument.
     """
@@ -78,8 +86,11 @@ class SymmetricQuantizationConfig:
     exclude_nodes: tuple[str, ...] = ()
     exclude_ops: tuple[object, ...] = ()
     exclude_activations: tuple[str, ...] = ()
+    bias_correction: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.bias_correction, bool):
+            raise RecipeError(f"bias_correction must be True or False, got {self.bias_correction!r}")
         if self.activation_observer not in ("minmax", "histogram"):
             raise RecipeError(f"activation_observer must be 'minmax' or 'histogram', got "
                               f"{self.activation_observer!r}")
@@ -123,11 +134,12 @@ class SymmetricQuantizationConfig:
 def get_symmetric_quantization_config(per_channel: bool = True, dynamic: bool = False,
                                       activation_observer: Literal["minmax", "histogram"] = "minmax",
                                       exclude_module_paths: Iterable[str] = (), exclude_nodes: Iterable[str] = (),
-                                      exclude_ops: Iterable[object] = (), exclude_activations: Iterable[str] = ()
-                                      ) -> SymmetricQuantizationConfig:
+                                      exclude_ops: Iterable[object] = (), exclude_activations: Iterable[str] = (),
+                                      bias_correction: bool = True) -> SymmetricQuantizationConfig:
     """The config of :class:`SymmetricInt8Quantizer` (a named constructor, as users of PT2E expect)."""
     return SymmetricQuantizationConfig(per_channel, dynamic, activation_observer, tuple(exclude_module_paths),
-                                       tuple(exclude_nodes), tuple(exclude_ops), tuple(exclude_activations))
+                                       tuple(exclude_nodes), tuple(exclude_ops), tuple(exclude_activations),
+                                       bias_correction)
 
 
 def _items(value: object, arg: str) -> tuple:
@@ -320,3 +332,118 @@ class SymmetricInt8Quantizer(Quantizer):
 
     def validate(self, model: GraphModule) -> None:
         """Nothing to check: every annotation this quantizer makes is one the portable kernels run."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bias correction
+_BIAS_CORRECTIONS_KEY = "edgetorch_bias_corrections"
+
+
+def _is_qdq(n: Node) -> bool:
+    return n.op == "call_function" and "quantize_per" in str(n.target)
+
+
+def _weight_qdq(op: Node) -> tuple[Node, Node] | None:
+    """``(quantize, dequantize)`` of ``op``'s weight when it reads ``dequantize(quantize(get_attr))`` (a
+    ``convert_pt2e(..., fold_quantize=False)`` module), else None."""
+    dq = op.args[1] if len(op.args) > 1 else None
+    if not isinstance(dq, Node) or not _is_qdq(dq) or "dequantize" not in str(dq.target) or not dq.args:
+        return None
+    q = dq.args[0]
+    if not isinstance(q, Node) or not _is_qdq(q) or not isinstance(q.args[0], Node) or q.args[0].op != "get_attr":
+        return None
+    return q, dq
+
+
+def correct_biases(gm: GraphModule, samples: Iterable[tuple]) -> dict[str, str | None]:
+    """Bias correction of a ``convert_pt2e(prepared, fold_quantize=False)`` module, in place: for every
+    conv/linear whose weight is quantized, ``delta = mean(op(x, W_int8 - W))`` per output channel over the
+    ``samples`` (``x``: the op's input in the float model, i.e. the module run with every quantize/dequantize
+    skipped) is subtracted from the op's bias (a new buffer ``_bias_corrected_<i>``; an op without bias gets
+    one). Returns ``{op name: the name of the bias node it read, or None}`` (also
+    ``gm.meta["edgetorch_bias_corrections"]``), so a caller that takes the op's weight quantizer out again can
+    restore its bias."""
+    from torch.fx.interpreter import Interpreter
+
+    targets = {op: qdq for op in gm.graph.nodes
+               if op.op == "call_function" and op.target in _WEIGHTED and (qdq := _weight_qdq(op)) is not None}
+    def const(a: object) -> object:
+        return _attr(gm, a.target) if isinstance(a, Node) and a.op == "get_attr" else a
+
+    errors = {}  # the weight error W_int8 - W of each op
+    with torch.no_grad():
+        for op, (q, dq) in targets.items():
+            w = const(q.args[0])
+            w_q = dq.target(q.target(w, *map(const, q.args[1:])), *map(const, dq.args[1:]))
+            errors[op] = w_q - w
+    sums: dict[Node, torch.Tensor] = {}
+    count = 0
+
+    class _FloatPath(Interpreter):
+        def run_node(self, n: Node) -> object:
+            if _is_qdq(n):
+                return self.env[n.args[0]]
+            out = super().run_node(n)
+            if n in errors:
+                args, kwargs = self.fetch_args_kwargs_from_env(n)
+                err = n.target(args[0], errors[n], None, *args[3:], **kwargs)
+                ch = err.dim() - 1 if n.target == aten.linear.default else 1
+                mean = err.double().mean(dim=[d for d in range(err.dim()) if d != ch])
+                sums[n] = sums[n] + mean if n in sums else mean
+            return out
+
+    with torch.no_grad():
+        for s in samples:
+            _FloatPath(gm).run(*s)
+            count += 1
+    corrections: dict[str, str | None] = {}
+    for i, (op, total) in enumerate(sums.items()):
+        bias = op.args[2] if len(op.args) > 2 else None
+        if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
+            continue  # a computed bias: left alone
+        old = _attr(gm, bias.target) if bias is not None else torch.zeros(total.shape[0])
+        name = f"_bias_corrected_{i}"
+        while hasattr(gm, name):
+            name += "_"
+        gm.register_buffer(name, (old.double() - total / count).to(old.dtype))
+        with gm.graph.inserting_before(op):
+            node = gm.graph.get_attr(name)
+        node.meta["val"] = getattr(gm, name)
+        args = list(op.args) + [None] * (3 - len(op.args))
+        args[2] = node
+        op.args = tuple(args)
+        corrections[op.name] = bias.name if bias is not None else None
+    gm.meta[_BIAS_CORRECTIONS_KEY] = corrections
+    gm.recompile()
+    return corrections
+
+
+def _attr(gm: GraphModule, target: str) -> torch.Tensor:
+    obj: object = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj  # type: ignore[return-value]
+
+
+def _bias_correction_of(quantizer: object) -> bool:
+    config = getattr(quantizer, "config", None)
+    return isinstance(config, SymmetricQuantizationConfig) and config.bias_correction and not config.dynamic
+
+
+def convert_calibrated(prepared: GraphModule, quantizer: object, samples: Iterable[tuple],
+                       fold_quantize: bool = True) -> GraphModule:
+    """``convert_pt2e(prepared, fold_quantize=...)`` of a calibrated module, with :func:`correct_biases` on
+    ``samples`` (the calibration samples) when ``quantizer`` is a :class:`SymmetricInt8Quantizer` whose config
+    asks for it; the weights are folded to int8 afterwards as ``convert_pt2e`` folds them."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    if not _bias_correction_of(quantizer):
+        return convert_pt2e(prepared, fold_quantize=fold_quantize)
+    from torchao.quantization.pt2e.constant_fold import constant_fold
+    from torchao.quantization.pt2e.quantize_pt2e import _quant_node_constraint
+
+    gm = convert_pt2e(prepared, fold_quantize=False)
+    correct_biases(gm, samples)
+    if fold_quantize:
+        constant_fold(gm, _quant_node_constraint)
+    return gm

@@ -6,7 +6,7 @@ kernels (QLinearConv, QGemm, ...). What ``XNNPackRecipeType`` is to the referenc
 
 ``create_recipe`` takes the ``OrtPartitioner`` options (``exclude_ops``, ``exclude_nodes``,
 ``exclude_module_paths``, ``fallback_unsupported``, ``graph_optimization_level``, ...: ``exclude_*`` keep ops out
-of the delegate) and, for INT8 recipes, ``activation_observer`` and the quantization exclusions
+of the delegate) and, for INT8 recipes, ``activation_observer``, ``bias_correction`` and the quantization exclusions
 ``quant_exclude_module_paths`` / ``quant_exclude_nodes`` / ``quant_exclude_ops`` (ops kept in float, still run by
 ORT in FP32; see ``SymmetricQuantizationConfig``).
 """
@@ -57,7 +57,7 @@ def _partitioner(recipe_type: RecipeType, options: dict[str, Any]) -> Any:
     if unknown:
         raise RecipeError(f"{recipe_type.name}: unknown option(s) {sorted(unknown)}; OrtPartitioner accepts "
                           f"{sorted(accepted)}" + ("" if recipe_type == OrtRecipeType.FP32 else
-                                                    " and INT8 recipes activation_observer=, "
+                                                    " and INT8 recipes activation_observer=, bias_correction=, "
                                                     + "=, ".join(QUANT_EXCLUSION_OPTIONS) + "="))
     try:
         return OrtPartitioner(**options)
@@ -81,7 +81,8 @@ class OrtRecipeProvider(BackendRecipeProvider):
         quant = None
         if recipe_type != OrtRecipeType.FP32:
             per_channel, dynamic = _INT8[recipe_type]
-            quant_options = {k: kwargs.pop(k) for k in ("activation_observer", *QUANT_EXCLUSION_OPTIONS)
+            quant_options = {k: kwargs.pop(k) for k in ("activation_observer", "bias_correction",
+                                                                  *QUANT_EXCLUSION_OPTIONS)
                              if k in kwargs}
             quant = int8_quantization_recipe(per_channel, dynamic, **quant_options)
         lowering = LoweringRecipe(partitioners=[_partitioner(recipe_type, kwargs)])

@@ -47,7 +47,8 @@ _PORTABLE_ALIASES = {"exclude_module_paths": "quant_exclude_module_paths", "excl
 
 
 class PortableRecipeProvider(BackendRecipeProvider):
-    """``create_recipe(INT8_*, activation_observer="minmax"|"histogram", quant_exclude_module_paths=(...),
+    """``create_recipe(INT8_*, activation_observer="minmax"|"histogram", bias_correction=True|False,
+    quant_exclude_module_paths=(...),
     quant_exclude_nodes=(...), quant_exclude_ops=(...), quant_exclude_activations=(...))`` (or
     ``exclude_module_paths=`` etc.: the ops and values kept in float, see ``SymmetricQuantizationConfig``); FP32
     takes no arguments."""
@@ -72,9 +73,9 @@ class PortableRecipeProvider(BackendRecipeProvider):
                 if name in options:
                     raise RecipeError(f"{recipe_type.name}: give {alias}= or {name}=, not both")
                 options[name] = options.pop(alias)
-        unknown = set(options) - {"activation_observer", *QUANT_EXCLUSION_OPTIONS}
+        unknown = set(options) - {"activation_observer", "bias_correction", *QUANT_EXCLUSION_OPTIONS}
         if unknown:
-            raise RecipeError(f"{recipe_type.name} accepts only activation_observer= and "
+            raise RecipeError(f"{recipe_type.name} accepts only activation_observer=, bias_correction= and "
                               f"{'=, '.join(QUANT_EXCLUSION_OPTIONS)}= (or exclude_*=), got {sorted(unknown)}")
         per_channel, dynamic = _INT8[recipe_type]
         return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME, quantization_recipe=int8_quantization_recipe(
@@ -83,7 +84,8 @@ class PortableRecipeProvider(BackendRecipeProvider):
 
 def int8_quantization_recipe(per_channel: bool, dynamic: bool, activation_observer: str = "minmax",
                              quant_exclude_module_paths: Any = (), quant_exclude_nodes: Any = (),
-                             quant_exclude_ops: Any = (), quant_exclude_activations: Any = ()) -> QuantizationRecipe:
+                             quant_exclude_ops: Any = (), quant_exclude_activations: Any = (),
+                             bias_correction: bool = True) -> QuantizationRecipe:
     """The PT2E INT8 quantization of the INT8 recipes (``SymmetricInt8Quantizer``), with the ops kept in float;
     bad settings raise ``RecipeError`` naming the option."""
     from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, _items
@@ -93,7 +95,7 @@ def int8_quantization_recipe(per_channel: bool, dynamic: bool, activation_observ
                                   quant_exclude_activations))}
     try:
         config = SymmetricQuantizationConfig(per_channel, dynamic, activation_observer,  # type: ignore[arg-type]
-                                             *excluded.values())
+                                             *excluded.values(), bias_correction=bias_correction)
     except RecipeError as e:
         raise RecipeError(f"quant_{e}" if str(e).startswith("exclude_") else str(e)) from None
     except ValueError as e:

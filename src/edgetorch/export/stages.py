@@ -206,7 +206,8 @@ class SourceTransformStage(Stage):
 
 class QuantizeStage(Stage):
     """PT2E post-training quantization: export -> ``prepare_pt2e`` -> calibrate on every example input ->
-    ``convert_pt2e``; no-op when the recipe has no quantizers."""
+    ``convert_pt2e`` (with the bias correction the quantizer asks for: ``convert_calibrated``); no-op when the
+    recipe has no quantizers."""
 
     def __init__(self, quantization_recipe: QuantizationRecipe | None = None, strict: bool = False) -> None:
         super().__init__()
@@ -238,9 +239,9 @@ class QuantizeStage(Stage):
         if quantizer is None:
             self._artifact = artifact
             return
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-        from edgetorch.export.quantizer import capture_float_program
+        from edgetorch.export.quantizer import capture_float_program, convert_calibrated
 
         models = _expect_modules(artifact.data, self.stage_type)
         shapes = artifact.get_context("dynamic_shapes") or {}
@@ -255,7 +256,7 @@ class QuantizeStage(Stage):
             with torch.no_grad():
                 for sample in samples:
                     prepared(*sample)
-            out[method] = _drop_unused_attributes(convert_pt2e(prepared))
+            out[method] = _drop_unused_attributes(convert_calibrated(prepared, quantizer, samples))
             log.info("QUANTIZE(%s): calibrated on %d samples", method, len(samples))
         self._artifact = artifact.copy_with_new_data(out)
         self._artifact.add_context("float_programs", floats)
