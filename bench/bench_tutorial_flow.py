@@ -6,11 +6,13 @@ Usage: python bench/bench_tutorial_flow.py [--model vit_b_16] [--backends portab
 Steps, per backend (portable: ``to_edge``; onnxruntime: ``OrtPartitioner``), as in the README's tutorial:
 
 1. ``export``: ``torch.export`` + lower + emit + save the ``.pte`` and the ETRecord;
-2. ``debug``: load with ETDump and a fixed debug buffer (the tutorial's 1 GiB) + one execute + write the ETDump
+2. ``plain``: load + first execute (+ a second) of the plain program in a fresh process, the baseline of the
+   debug step's first execute;
+3. ``debug``: load with ETDump and a fixed debug buffer (the tutorial's 1 GiB) + one execute + write the ETDump
    and the debug buffer (load, execute and write are also timed apart);
-3. ``inspect``: ``Inspector`` construction + ``calculate_numeric_gap("MSE")``, divided by one eager forward (the
+4. ``inspect``: ``Inspector`` construction + ``calculate_numeric_gap("MSE")``, divided by one eager forward (the
    median of 3, in the same process);
-4. ``ratio``: warm debug execute / plain execute, alternating in one process (a plain program and a debug program
+5. ``ratio``: warm debug execute / plain execute, alternating in one process (a plain program and a debug program
    loaded side by side; each debug run on a fresh ETDump so that the buffer never fills): medians.
 
 Every step reports its process's peak RSS (``VmHWM`` of ``/proc/self/status``: the child's own, unlike
@@ -91,6 +93,24 @@ def step_debug(a: argparse.Namespace) -> dict:
             "debug_bin_mb": os.path.getsize(os.path.join(a.dir, "run_debug.bin")) / 2**20}
 
 
+def step_plain(a: argparse.Namespace) -> dict:
+    """The plain run of the same program in a fresh process, as the debug step does it: load + first execute
+    (the first run of a process pays the page faults of its weights and arena), then a second execute."""
+    import torch
+
+    from edgetorch.runtime import Runtime
+
+    inputs = torch.load(os.path.join(a.dir, "inputs.pt"))
+    t0 = time.perf_counter()
+    method = Runtime.get().load_program(os.path.join(a.dir, "model.pte")).load_method("forward")
+    t1 = time.perf_counter()
+    method.execute(*inputs)
+    t2 = time.perf_counter()
+    method.execute(*inputs)
+    t3 = time.perf_counter()
+    return {"seconds": t2 - t0, "load": t1 - t0, "execute": t2 - t1, "second_execute": t3 - t2}
+
+
 def step_inspect(a: argparse.Namespace) -> dict:
     import torch
 
@@ -144,7 +164,8 @@ def step_ratio(a: argparse.Namespace) -> dict:
             "range": [min(t_debug) / max(t_plain), max(t_debug) / min(t_plain)]}
 
 
-_STEPS = {"export": step_export, "debug": step_debug, "inspect": step_inspect, "ratio": step_ratio}
+_STEPS = {"export": step_export, "plain": step_plain, "debug": step_debug, "inspect": step_inspect,
+          "ratio": step_ratio}
 
 
 def _child(a: argparse.Namespace) -> None:
@@ -205,6 +226,13 @@ def _report(backend: str, res: dict) -> None:
         print(f"  debug run: {r['seconds']:.2f} s (load {r['load']:.2f}, execute {r['execute']:.2f}, write "
               f"{r['write']:.2f}), RSS after load {r['rss_loaded_mb']:.0f} MiB, peak RSS {r['hwm_mb']:.0f} MiB, "
               f"debug buffer written {r['debug_bin_mb']:.0f} MiB")
+    if "plain" in res:
+        p = res["plain"]
+        line = (f"  plain run (fresh process): load {p['load']:.2f} s, first execute {p['execute']:.2f} s, second "
+                f"{p['second_execute']:.2f} s")
+        if "debug" in res:
+            line += f"; first debug execute / first plain execute: {res['debug']['execute'] / p['execute']:.2f}"
+        print(line)
     if "inspect" in res:
         i = res["inspect"]
         print(f"  Inspector + gap: {i['seconds']:.2f} s ({i['rows']} rows) = {i['over_eager']:.2f}x one eager forward "
@@ -214,7 +242,7 @@ def _report(backend: str, res: dict) -> None:
         print(f"  warm debug execute / plain execute: {q['ratio']:.2f} (range {q['range'][0]:.2f}-{q['range'][1]:.2f};"
               f" plain {1000 * q['plain_s']:.0f} ms, debug {1000 * q['debug_s']:.0f} ms, first debug execute "
               f"{1000 * q['first_debug_s']:.0f} ms), peak RSS {q['hwm_mb']:.0f} MiB")
-    steps = [k for k in ("export", "debug", "inspect") if k in res]
+    steps = [k for k in ("export", "plain", "debug", "inspect") if k in res]
     if steps:
         print(f"  peak RSS of the flow: {max(res[k]['hwm_mb'] for k in steps) / 1024:.2f} GiB")
 

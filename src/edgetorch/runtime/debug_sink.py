@@ -90,11 +90,6 @@ class BufferSink(DebugSink):
         self._addr = 0
         if self._cap:
             self._map = mmap.mmap(-1, self._cap, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            if hasattr(mmap, "MADV_HUGEPAGE"):  # 2 MiB pages where the OS allows: far fewer faults in a first run
-                try:
-                    self._map.madvise(mmap.MADV_HUGEPAGE)
-                except OSError:
-                    pass
             self._addr = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
 
     @property
