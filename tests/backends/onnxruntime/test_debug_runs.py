@@ -113,3 +113,9 @@ def test_only_a_tracer_that_logs_values_builds_the_exposing_session_at_load(mlp)
     assert h._debug_session is not None and not h._debug_armed  # nothing to profile: an unprofiled session
     prog.load_method("forward").execute(*mlp.inputs)
     assert h.profiled_runs == 0 and not delegate_profile_events(prog)
+
+
+def test_a_bad_observer_effect_spec_is_named(mlp):
+    h = OrtDelegate(_blob_bytes(mlp), {"observer_effect": b"always"})
+    with pytest.raises(ValueError, match="observer_effect must be 'auto', 'every', 'first' or 'off', got 'always'"):
+        h.observer_mode()

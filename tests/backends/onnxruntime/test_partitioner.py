@@ -160,3 +160,7 @@ def test_bad_options_are_rejected():
         OrtPartitioner(exclude_ops=["aten.no_such_op.default"])
     with pytest.raises(ValueError, match="keep_whole"):
         OrtPartitioner(keep_whole=["conv"])
+    with pytest.raises(ValueError, match="observer_effect must be 'auto', 'every', 'first' or 'off', got 'always'"):
+        OrtPartitioner(observer_effect="always")
+    with pytest.raises(ValueError, match="profile_ops"):
+        OrtPartitioner(profile_ops="sometimes")
