@@ -51,6 +51,7 @@ from edgetorch.devtools.quant_fallback import (
     cosine_to_float,
     inspect_quantized,
     quantize_pt2e_program,
+    record_debug_runs,
     selective_fallback,
 )
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
@@ -89,12 +90,9 @@ def partitioner(backend: str) -> list:
 
 def cost(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], repeats: int) -> dict:
     from edgetorch.devtools import Inspector
-    from edgetorch.runtime import Runtime
 
     session = export(model, samples, ExportRecipe.get_recipe(RECIPES[backend]), generate_etrecord=True)
     et = session.get_executorch_program_manager()
-    record = et.get_etrecord()
-    record.update_representative_inputs(samples)
 
     def forward() -> None:
         with torch.no_grad():
@@ -102,12 +100,7 @@ def cost(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], 
                 model(*s)
 
     with tempfile.TemporaryDirectory() as d:
-        paths = [os.path.join(d, n) for n in ("q.etrecord", "q.etdp", "q_debug.bin")]
-        record.save(paths[0])
-        program = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
-        method = program.load_method("forward")
-        outputs = [method.execute(*s) for s in samples]
-        program.write_etdump_result_to_file(paths[1], paths[2])
+        paths, outputs = record_debug_runs(et, samples, d)
 
         def cold() -> tuple[dict[str, float], Inspector]:
             """The very first table of an Inspector on the saved files (parses the ETRecord, maps the float

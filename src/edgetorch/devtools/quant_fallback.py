@@ -109,22 +109,30 @@ def run_latency_ms(pte: bytes, samples: Sequence[tuple], repeats: int = 3) -> fl
     return statistics.median(times)
 
 
+def record_debug_runs(et: Any, samples: Sequence[tuple], directory: str) -> tuple[list[str], list[Any]]:
+    """Saves ``et``'s ETRecord (with ``samples`` as representative inputs) and one debug run per sample into
+    ``directory``; returns the paths ``[etrecord, etdump, debug buffer]`` and the runs' outputs."""
+    from edgetorch.runtime import Runtime
+
+    record = et.get_etrecord()
+    record.update_representative_inputs([tuple(s) for s in samples])
+    paths = [os.path.join(directory, n) for n in ("q.etrecord", "q.etdp", "q_debug.bin")]
+    record.save(paths[0])
+    program = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    method = program.load_method("forward")
+    outputs = [method.execute(*s) for s in samples]
+    program.write_etdump_result_to_file(paths[1], paths[2])
+    return paths, outputs
+
+
 def inspect_quantized(et: Any, samples: Sequence[tuple], distance: str = "MSE",
                       workdir: str | None = None) -> QuantizedRun:
     """Runs ``et`` (an ExecutorchProgramManager whose ETRecord holds the float program) on every sample with an
     ETDump and debug buffer, and builds the float-reference gap table over all of them."""
     from edgetorch.devtools.inspector import Inspector
-    from edgetorch.runtime import Runtime
 
-    record = et.get_etrecord()
-    record.update_representative_inputs([tuple(s) for s in samples])
     with tempfile.TemporaryDirectory(dir=workdir) as d:
-        paths = [os.path.join(d, n) for n in ("q.etrecord", "q.etdp", "q_debug.bin")]
-        record.save(paths[0])
-        program = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
-        method = program.load_method("forward")
-        outputs = [method.execute(*s) for s in samples]
-        program.write_etdump_result_to_file(paths[1], paths[2])
+        paths, outputs = record_debug_runs(et, samples, d)
         inspector = Inspector(etdump_path=paths[1], etrecord=paths[0], debug_buffer_path=paths[2])
         table = inspector.calculate_numeric_gap(distance, reference_graph="float")
     return QuantizedRun(et, table, outputs, inspector)
