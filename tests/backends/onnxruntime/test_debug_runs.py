@@ -12,6 +12,7 @@ import torch
 
 from edgetorch.backends.onnxruntime import _blob
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate
+from edgetorch.errors import KernelError
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import (
     delegate_calls,
@@ -119,3 +120,16 @@ def test_a_bad_observer_effect_spec_is_named(mlp):
     h = OrtDelegate(_blob_bytes(mlp), {"observer_effect": b"always"})
     with pytest.raises(ValueError, match="observer_effect must be 'auto', 'every', 'first' or 'off', got 'always'"):
         h.observer_mode()
+
+
+def test_an_exposing_session_that_fails_to_build_at_load_fails_the_debug_run_that_needs_it(mlp, monkeypatch):
+    def broken(self):
+        raise RuntimeError("ORT refused the exposing model")
+
+    monkeypatch.setattr(OrtDelegate, "_exposing_model", broken)
+    prog = Runtime.get().load_program(mlp.et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    method = prog.load_method("forward")  # the load itself succeeds: plain runs do not need that session
+    assert _handle(method)._debug_session is None
+    with pytest.raises(KernelError, match="ORT refused the exposing model") as err:
+        method.execute(*mlp.inputs)
+    assert "instruction 0 (lowered_onnxruntime_0" in str(err.value)  # names the delegate call that failed
