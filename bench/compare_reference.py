@@ -136,8 +136,11 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def child(model_name: str, precision: str, threads: list[int], runs: int, portable: bool = True,
-          openvino: bool = False) -> dict:
+          openvino: bool = False, ort_options: dict[str, str] | None = None) -> dict:
+    from edgetorch.backends.onnxruntime.runtime import set_runtime_options
     from edgetorch.export import OrtRecipeType, PortableRecipeType
+
+    set_runtime_options(**(ort_options or {}))
     from edgetorch.models import get_spec
 
     spec = get_spec(model_name)
@@ -205,13 +208,17 @@ def main() -> None:
     ap.add_argument("--skip-portable", action="store_true", help="leave edgetorch portable out (its INT8 is slow)")
     ap.add_argument("--openvino", action="store_true",
                     help="also time OpenVINO on the ORT delegate's ONNX model (needs `pip install openvino`)")
+    ap.add_argument("--ort-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an ORT delegate runtime option for the edgetorch ORT program, e.g. allow_spinning=1 "
+                         "(see edgetorch.backends.onnxruntime.set_runtime_options); repeatable")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "PRECISION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    ort_options = dict(o.split("=", 1) for o in args.ort_option)
     if args.child:
         print("RESULT " + json.dumps(child(*args.child, args.threads, args.runs, not args.skip_portable,
-                                                   args.openvino)), flush=True)
+                                                   args.openvino, ort_options)), flush=True)
         return
     results = []
     for model in args.models:
@@ -219,7 +226,8 @@ def main() -> None:
             print(f"[{model} {precision}] running in a fresh process ...", flush=True)
             cmd = [sys.executable, __file__, "--child", model, precision, "--runs", str(args.runs), "--threads",
                    *map(str, args.threads), *(["--skip-portable"] if args.skip_portable else []),
-                   *(["--openvino"] if args.openvino else [])]
+                   *(["--openvino"] if args.openvino else []),
+                   *(f"--ort-option={o}" for o in args.ort_option)]
             out = subprocess.run(cmd, capture_output=True, text=True)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:

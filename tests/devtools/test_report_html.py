@@ -9,6 +9,7 @@ has installed Chromium), where a missing browser fails them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -353,3 +354,66 @@ def test_two_partitions_and_shared_handles_from_a_hand_made_graph():
     node_row, part_row = rows_for_nodes(g, [(0, (1,), None), (1, (1, 2), 0), (2, (2,), None), (3, (3, 4, 5), 4),
                                             (4, (5,), None), (5, (4, 5), None)])
     assert node_row == {"h1": 0, "h2": 2, "h5": 4} and part_row == {"onnxruntime #0": 1, "onnxruntime #4": 3}
+
+
+# -- the quantization section (a float-reference table) -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def quant_table() -> pd.DataFrame:
+    """The float-reference gap table of an INT8 TinyConvNet (portable) over 3 samples."""
+    from edgetorch.devtools.quant_fallback import inspect_quantized
+    from edgetorch.export import ExportRecipe, PortableRecipeType, export
+    from tests.quant_helpers import TinyConvNet, conv_samples
+
+    samples = conv_samples(3)
+    session = export(TinyConvNet().eval(), samples,
+                     ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_CHANNEL), generate_etrecord=True)
+    return inspect_quantized(session.get_executorch_program_manager(), samples).table
+
+
+def _bars(html: str) -> list[tuple[int, bool]]:
+    """(row, worst) of every bar of the SQNR chart."""
+    return [(int(m.group(2)), "worst" in m.group(1))
+            for m in re.finditer(r'<rect class="(qbar[^"]*)" data-row="(\d+)"', html)]
+
+
+def test_quant_section_names_the_worst_layers_in_rank_order(quant_table, tmp_path) -> None:  # noqa: ANN001
+    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+
+    html = open(write_report(tmp_path / "q.html", None, quant_df=quant_table)).read()
+    ranked = rank_quantization_culprits(quant_table, 5)
+    pos = {label: k for k, label in enumerate(quant_table.index)}
+    worst = [pos[i] for i in ranked.index]
+    assert re.findall(r"<li><a href='#q(\d+)'>", html) == [str(k) for k in worst]
+    bars = _bars(html)
+    assert [r for r, _ in bars] == [k for k, v in enumerate(quant_table["local_sqnr_db"]) if not pd.isna(v)]
+    assert sorted(r for r, w in bars if w) == sorted(worst)
+    assert len(re.findall(r"<tr id='q\d+'", html)) == len(quant_table)
+    assert len(re.findall(r"<tr id='q\d+' class='culprit'>", html)) == len(worst)
+    # a row whose runtime matches the float op exactly (infinite local SQNR) is drawn to the top and marked
+    exact = [k for k, v in enumerate(quant_table["local_sqnr_db"]) if v == math.inf]
+    assert html.count('class="qinf"') == len(exact)
+    assert "<a href='#quant'>quantization</a>" in html
+
+
+def test_quant_df_must_be_a_float_reference_table(run, tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(ReportError, match="float-reference gap table"):
+        write_report(tmp_path / "x.html", run.df, quant_df=run.df)
+
+
+def test_quant_section_in_chromium(browser, quant_table, tmp_path) -> None:  # noqa: ANN001
+    path = write_report(tmp_path / "q.html", None, quant_df=quant_table)
+    page, errors = _open(browser, str(path), 1280)
+    bars = page.eval_on_selector_all("#sqnr rect.qbar", "els => els.map(e => e.getBoundingClientRect().height)")
+    assert len(bars) == quant_table["local_sqnr_db"].notna().sum() and all(h > 0 for h in bars)
+    # a higher local SQNR draws a taller bar
+    finite = [(float(v), h) for v, h in zip(quant_table["local_sqnr_db"].dropna(), bars, strict=True)
+              if math.isfinite(v)]
+    assert [h for _, h in sorted(finite)] == sorted(h for _, h in finite)
+    # sorting by local SQNR puts the worst layer first
+    page.click("#quant thead th:nth-child(5)")
+    first = page.eval_on_selector("#quant tbody tr", "r => r.id")
+    assert first == "q" + page.eval_on_selector("ol.culprits li a", "a => a.getAttribute('href').slice(2)")
+    assert errors == []
+    phone, errors = _open(browser, str(path), 390)
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390 and errors == []

@@ -3,6 +3,12 @@
     edgetorch inspect --etdump etdump.etdp [--etrecord etrecord.bin]              # profile table
     edgetorch inspect --etdump etdump.etdp --etrecord etrecord.bin --debug-buffer debug_output.bin --gap MSE
                       [--tsv gaps.tsv] [--report report.html] [--model-explorer-json nodes.json] [--method forward]
+    edgetorch inspect ... --gap --reference-graph float        # an INT8 program against its float model
+
+``--reference-graph float`` (a program exported with a quantization recipe, whose ETRecord holds the float model)
+prints one row per float op over every recorded sample: the accumulated and the local SQNR (the error the op's
+own quantization adds), TFLite's RMSE/scale and the weight's SQNR, then the worst layers; ``--report`` adds the
+quantization section (``edgetorch.devtools.report``).
 
 The gap table prints gaps in scientific notation, source lines with their file name, and the culprits (ops
 adding error beyond their rounding noise); ``--report`` adds the edge graph (``edgetorch.devtools.report``).
@@ -32,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gap", metavar="DISTANCE", nargs="?", const="MSE", default=None, type=str.upper,
                    help=f"print the per-op numeric-gap table with this distance ({', '.join(_DISTANCES)}; "
                         "default MSE)")
+    p.add_argument("--reference-graph", dest="reference_graph", default=None, metavar="NAME",
+                   help="with --gap: compare with this graph of the ETRecord instead of the edge program; 'float' "
+                        "(the float model a quantizing export records) gives each layer's quantization error over "
+                        "every recorded sample")
     p.add_argument("--method", default=None, help="method to analyse (default forward, or the only one run)")
     p.add_argument("--run", type=int, default=0, help="which recorded execution to analyse (default 0)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print (default 40; 0 = all)")
@@ -97,6 +107,14 @@ def _main(args: argparse.Namespace) -> int:
     _check_output(args.model_explorer_json, "--model-explorer-json")
     if args.model_explorer_json and args.gap is None:
         raise CliError("--model-explorer-json needs --gap (the per-op values it exports)")
+    if args.reference_graph is not None:
+        if args.gap is None:
+            raise CliError("--reference-graph needs --gap (it picks what the gap table compares with)")
+        if args.reference_graph == "float" and args.run != 0:
+            raise CliError("--run picks one execution; --reference-graph float uses every recorded sample")
+        if args.reference_graph == "float" and args.model_explorer_json:
+            raise CliError("--model-explorer-json overlays edge-program rows; it cannot take the float-model table "
+                           "of --reference-graph float")
 
     from edgetorch.cli._table import Steps, print_culprits, print_gap_table, table_console
     from edgetorch.devtools.inspector import Inspector
@@ -122,8 +140,10 @@ def _main(args: argparse.Namespace) -> int:
     if method is None:
         method = "forward" if "forward" in methods or not methods else methods[0]
 
-    gap_df, culprits = None, None
-    if args.gap is not None:
+    gap_df, culprits, quant_df = None, None, None
+    if args.gap is not None and args.reference_graph == "float":
+        quant_df = _float_table(inspector, args, method, console, steps)
+    elif args.gap is not None:
         inputs = None
         rec = inspector.etrecord
         blocks = [b for b in inspector.event_blocks if b.method == method and b.name != "load"]
@@ -135,7 +155,8 @@ def _main(args: argparse.Namespace) -> int:
             with steps:
                 steps.next(f"computing {args.gap} numeric gaps of '{method}' (re-running the reference graph op by "
                            "op)")
-                gap_df = inspector.calculate_numeric_gap(args.gap, method=method, run=args.run, inputs=inputs)
+                gap_df = inspector.calculate_numeric_gap(args.gap, method=method, run=args.run, inputs=inputs,
+                                                         reference_graph=args.reference_graph)
         except EdgeTorchError as e:
             raise CliError(str(e)) from None
         print_gap_table(console, gap_df, f"numeric gap ({args.gap}) per op of '{method}', execution order",
@@ -146,15 +167,16 @@ def _main(args: argparse.Namespace) -> int:
             console.print(observer_effect_line(gap_df.attrs["observer_effect"]), highlight=False)
         culprits = _culprits(inspector, gap_df)
         print_culprits(console, gap_df, culprits, args.gap)
+        _float_hint(console, inspector, method, args.reference_graph)
     else:
         inspector.print_data_tabular(file=sys.stdout)
 
     try:
         if args.tsv:
-            if gap_df is not None:
+            if gap_df is not None or quant_df is not None:
                 from edgetorch._fileio import atomic_write
 
-                atomic_write(args.tsv, [_gap_tsv(gap_df)])
+                atomic_write(args.tsv, [_gap_tsv(gap_df) if gap_df is not None else _quant_tsv(quant_df)])
             else:
                 inspector.save_data_to_tsv(args.tsv)
             console.print(f"TSV written to {args.tsv}")
@@ -164,13 +186,15 @@ def _main(args: argparse.Namespace) -> int:
             with steps:
                 steps.next("writing the HTML report")
                 summary = {"ETDump": args.etdump, "ETRecord": args.etrecord or "", "method": method}
+                if quant_df is not None:
+                    summary["reference"] = "the float model (graph_map['float/" + method + "'])"
                 if gap_df is not None and inspector.last_gap_coverage is not None:
                     summary["coverage"] = inspector.last_gap_coverage.summary()
                 write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
                              title=f"edgetorch inspect: {os.path.basename(args.etdump)}",
                              generation_df=_generation_gaps(inspector, args.gap) if gap_df is not None else None,
                              etrecord=inspector.etrecord if gap_df is not None else None,
-                             culprits=culprits if gap_df is not None else None)
+                             culprits=culprits if gap_df is not None else None, quant_df=quant_df)
             console.print(f"report written to {args.report}", highlight=False, markup=False)
         if args.model_explorer_json and gap_df is not None:
             from edgetorch.devtools.model_explorer import write_node_data
@@ -181,6 +205,48 @@ def _main(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"cannot write output: {e.strerror or e}: {e.filename or ''}") from None
     return EXIT_OK
+
+
+_QUANT_TSV = ("aot_ops", "module", "sqnr_db", "local_sqnr_db", "rmse_over_scale", "output_scale", "weight_sqnr_db",
+              "weight_mse", "gap", "local_gap", "quantized", "samples", "float_debug_handle", "source", "shape")
+
+
+def _quant_tsv(df: Any) -> bytes:
+    flat = df[[c for c in _QUANT_TSV if c in df.columns]].copy()
+    for c in flat.columns:
+        flat[c] = flat[c].apply(lambda v: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+    return flat.to_csv(sep="\t", index_label="row").encode()
+
+
+def _float_table(inspector: Any, args: argparse.Namespace, method: str, console: Any, steps: Any) -> Any:
+    """Computes and prints the per-layer table against the float model and its worst layers."""
+    from edgetorch.cli._quant_table import print_quant_table, print_worst_layers
+    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+    from edgetorch.errors import EdgeTorchError
+
+    try:
+        with steps:
+            steps.next(f"computing {args.gap} quantization errors of '{method}' against the float model (every "
+                       "recorded sample)")
+            df = inspector.calculate_numeric_gap(args.gap, method=method, reference_graph="float")
+    except EdgeTorchError as e:
+        raise CliError(str(e)) from None
+    ranked = rank_quantization_culprits(df, 5)
+    pos = {label: k for k, label in enumerate(df.index)}
+    print_quant_table(console, df, f"quantization error per float op of '{method}' against the float model, graph "
+                      f"order ({df.attrs.get('samples')} sample(s); * worst)", args.rows,
+                      {pos[i] for i in ranked.index})
+    print_worst_layers(console, df, ranked)
+    return df
+
+
+def _float_hint(console: Any, inspector: Any, method: str, reference_graph: str | None) -> None:
+    """When the ETRecord holds the float model of a quantized program and the table compared with the edge
+    program, says how to compare with the float model."""
+    rec = inspector.etrecord
+    if reference_graph is None and rec is not None and f"float/{method}" in rec.graph_map_names():
+        console.print("this program was quantized from the float model the ETRecord holds: --reference-graph float "
+                      "shows what each layer's quantization costs", highlight=False, markup=False)
 
 
 def _culprits(inspector: Any, gap_df: Any) -> Any:

@@ -155,6 +155,10 @@ class ETRecord:
     def graph_map(self, programs: dict[str, ExportedProgram]) -> None:
         self._roles["graph_map"] = dict(programs)
 
+    def graph_map_names(self) -> list[str]:
+        """The keys of :attr:`graph_map` (e.g. ``"float/forward"``), without deserializing any program."""
+        return self._program_names("graph_map")
+
     @property
     def _edge_programs(self) -> dict[str, ExportedProgram]:
         return self._programs("edge")

@@ -50,6 +50,7 @@ from ._charts import (
     stat_columns,
 )
 from ._graph import NodeStyle, graph_html
+from ._quant import is_float_reference, quant_section
 
 __all__ = ["ReportError", "culprit_rows", "gap_chart_svg", "generation_chart_svg", "is_scaled", "profile_chart_svg",
            "row_colours", "samples_chart_svg", "write_report"]
@@ -434,7 +435,7 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
                  title: str = "edgetorch numerical debugging report", summary: dict[str, Any] | None = None,
                  threshold: float | None = None, generation_df: pd.DataFrame | None = None, *,
                  etrecord: Any = None, graph: EdgeGraph | None = None, culprits: pd.DataFrame | None = None,
-                 max_page_nodes: int = 90) -> str:
+                 max_page_nodes: int = 90, quant_df: pd.DataFrame | None = None) -> str:
     """Writes the HTML report atomically; returns the path.
 
     ``gap_df``: a ``calculate_numeric_gap`` table (None: profile and per-step sections only). ``etrecord`` or
@@ -442,28 +443,36 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
     ``find_culprits`` result) names the culprits, else they are derived from the ``verdict`` column.
     ``threshold`` marks the first row whose accumulated gap exceeds it. ``generation_df``
     (``Inspector.generation_gaps()``) adds the final-output gap per execution when it has more than one.
-    ``max_page_nodes`` bounds the nodes drawn on one graph page."""
+    ``max_page_nodes`` bounds the nodes drawn on one graph page. ``quant_df``: a float-reference gap table
+    (``calculate_numeric_gap(distance, reference_graph="float")``) adds the quantization section: the worst
+    layers, local and accumulated SQNR along the graph, and the per-layer table."""
     if max_page_nodes < 2:
         raise ReportError(f"max_page_nodes must be >= 2, got {max_page_nodes}")
     if gap_df is not None and not isinstance(gap_df, pd.DataFrame):
         raise ReportError(f"gap_df must be a pandas DataFrame (calculate_numeric_gap), got {type(gap_df).__name__}")
+    if quant_df is not None and not (isinstance(quant_df, pd.DataFrame) and is_float_reference(quant_df)):
+        raise ReportError("quant_df must be a float-reference gap table (calculate_numeric_gap(..., "
+                          f"reference_graph='float')), got {type(quant_df).__name__}")
     traces = _Traces()
     body, nodes = [], {}
+    head_df = gap_df if gap_df is not None else quant_df
     if generation_df is not None and len(generation_df) > 1:
         body.append(_generation_section(generation_df))
     if gap_df is not None:
         parts, nodes = _gap_sections(gap_df, culprits, _resolve_graph(graph, etrecord, gap_df), threshold, traces,
                                      max_page_nodes)
         body = parts[:1] + body + parts[1:]
+    if quant_df is not None:
+        body.append(quant_section(quant_df))
     if profile_df is not None and not profile_df.empty:
         body += ["<h2 id='profile'>Profile: slowest ops (median)</h2>", profile_chart_svg(profile_df)]
     sections = (("culprits", "culprits"), ("samples", "samples"), ("steps", "steps"), ("graph", "graph"),
-                ("table", "table"), ("profile", "profile"))
+                ("table", "table"), ("quant", "quantization"), ("profile", "profile"))
     nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in sections if f"id='{a}'" in "".join(body))
     data = json.dumps({"nodes": nodes, "traces": traces.items}, separators=(",", ":")).replace("</", "<\\/")
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
             f"content='width=device-width,initial-scale=1'><title>{_e(title)}</title><style>{CSS}</style></head>"
-            f"<body><h1>{_e(title)}</h1><nav>{nav}</nav>{_summary(summary, gap_df)}{''.join(body)}"
+            f"<body><h1>{_e(title)}</h1><nav>{nav}</nav>{_summary(summary, head_df)}{''.join(body)}"
             f"<script type='application/json' id='edata'>{data}</script><script>{JS}</script></body></html>")
     atomic_write(path, [page.encode("utf-8")])
     return os.fspath(path)

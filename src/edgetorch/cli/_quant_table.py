@@ -1,0 +1,85 @@
+"""Terminal output of ``edgetorch inspect --reference-graph float``: the per-layer quantization table against
+the float model and its worst layers.
+
+Every value is printed as text (no rich markup), SQNR in dB with one decimal (``inf`` when the runtime matches
+the float op exactly), and the module path next to the op so that the layer can be found in the model's code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from edgetorch.cli._table import ops_text, sci
+
+_COLUMNS = (("#", None), ("float op", "aot_ops"), ("module", "module"), ("SQNR dB", "sqnr_db"),
+            ("local SQNR dB", "local_sqnr_db"), ("RMSE/scale", "rmse_over_scale"),
+            ("weight SQNR dB", "weight_sqnr_db"), ("gap", "gap"))
+
+
+def db(v: Any) -> str:
+    """``41.3``; ``inf`` for no error; ``""`` without a value."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(f):
+        return ""
+    return f"{f:.1f}" if math.isfinite(f) else ("inf" if f > 0 else "-inf")
+
+
+def _cell(key: str | None, i: int, row: Any) -> str:
+    if key is None:
+        return str(i)
+    v = row.get(key)
+    if key == "aot_ops":
+        return escape(ops_text(v, 40))
+    if key == "module":
+        return escape(ops_text(v or "", 36))
+    if key == "gap":
+        return sci(v)
+    if key == "rmse_over_scale":
+        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.3f}"
+    return db(v)
+
+
+def print_quant_table(console: Console, df: Any, title: str, rows: int, worst: set[int]) -> None:
+    """The table in graph order (``rows`` first rows; 0 = all), the worst layers marked with ``*``."""
+    distance = df.attrs.get("distance", "gap")
+    console.print(title, highlight=False, markup=False)  # a line of its own: a table title wraps to its width
+    table = Table(show_lines=False, pad_edge=False)
+    for name, key in _COLUMNS:
+        table.add_column(f"{distance} gap" if key == "gap" else name, no_wrap=key not in ("aot_ops", "module"),
+                         justify="right" if key not in ("aot_ops", "module") else "left", overflow="ellipsis")
+    shown = df if rows == 0 else df.head(rows)
+    for i, (_, row) in enumerate(shown.iterrows()):
+        cells = [_cell(key, i, row) for _, key in _COLUMNS]
+        if i in worst:
+            cells[0] += "*"
+        table.add_row(*cells)
+    console.print(table)
+    if rows and len(df) > rows:
+        console.print(f"... {len(df) - rows} more rows (--rows 0 shows all)", highlight=False, markup=False)
+
+
+def print_worst_layers(console: Console, df: Any, ranked: Any) -> None:
+    """One line per worst layer (lowest local SQNR first), with the module and the weight's own error."""
+    samples = df.attrs.get("samples")
+    if ranked is None or ranked.empty:
+        console.print("no quantized op in the table: nothing to rank", highlight=False, markup=False)
+        return
+    console.print(f"worst layers (lowest local SQNR: the error their own quantization adds; {samples} sample(s)):",
+                  highlight=False, markup=False)
+    pos = {label: k for k, label in enumerate(df.index)}
+    for rank, (label, row) in enumerate(ranked.iterrows(), 1):
+        module = f" in {row.get('module')}" if row.get("module") else ""
+        weight = db(row.get("weight_sqnr_db"))
+        console.print(f"  {rank}. #{pos[label]} {ops_text(row['aot_ops'], 60)}{module}: local SQNR "
+                      f"{db(row['local_sqnr_db'])} dB, accumulated {db(row['sqnr_db'])} dB"
+                      + (f", weight {weight} dB" if weight else ""), highlight=False, markup=False)
+    console.print("keep them in float: quant_exclude_nodes=[...] in the recipe, or "
+                  "edgetorch.devtools.quant_fallback.selective_fallback", highlight=False, markup=False)

@@ -1,0 +1,164 @@
+"""The report's quantization section: each float op's INT8 error against the float model.
+
+Its input is a float-reference gap table (``calculate_numeric_gap(distance, reference_graph="float")``, one row
+per float op in graph order). The section names the worst layers, i.e. those whose own quantization adds the most
+error (lowest local SQNR, :func:`~edgetorch.devtools.inspector.float_reference.rank_quantization_culprits`).
+It then draws the local and accumulated SQNR along the graph (higher is better; the worst layers in red), and
+gives the table with the weight and RMSE/scale columns.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import pandas as pd
+
+from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+
+QUANT_COLUMNS = ("sqnr_db", "local_sqnr_db", "quantized")  # what makes a table a float-reference table
+_CELLS = (("sqnr_db", "SQNR dB"), ("local_sqnr_db", "local SQNR dB"), ("rmse_over_scale", "RMSE / scale"),
+          ("weight_sqnr_db", "weight SQNR dB"), ("samples", "samples"))
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _db(v: Any) -> float | None:
+    """A finite or infinite dB value, or None (missing / NaN)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _name(row: pd.Series) -> str:
+    ops = row.get("aot_ops")
+    return ", ".join(map(str, ops)) if isinstance(ops, (list, tuple)) else str(ops)
+
+
+def worst_rows(df: pd.DataFrame, top: int = 5) -> list[int]:
+    """Positions (0-based, graph order) of the ``top`` worst quantized rows, worst first."""
+    if df.empty:
+        return []
+    pos = {label: k for k, label in enumerate(df.index)}
+    return [pos[i] for i in rank_quantization_culprits(df, top).index]
+
+
+def sqnr_chart_svg(df: pd.DataFrame, worst: list[int], width: int = 1200, height: int = 260) -> str:
+    """One bar per row: its local SQNR (dB), the worst rows red; a line: the accumulated SQNR. A row with no
+    error (infinite SQNR) draws a bar to the top, marked with a triangle. Rows with neither value are gaps."""
+    local = [_db(v) for v in df["local_sqnr_db"]]
+    acc = [_db(v) for v in df["sqnr_db"]]
+    finite = [v for v in local + acc if v is not None and math.isfinite(v)]
+    if not finite:
+        return "<p>No row has a finite SQNR: the runtime reproduces the float model exactly.</p>"
+    lo, hi = math.floor(min(0.0, min(finite)) / 10) * 10, math.ceil(max(finite) / 10) * 10 + 10
+    pad_l, pad_r, pad_t, pad_b = 50, 10, 10, 36
+    n, w, h = len(df), width - pad_l - pad_r, height - pad_t - pad_b
+    step = w / max(n, 1)
+
+    def y(v: float) -> float:
+        v = hi if math.isinf(v) and v > 0 else lo if math.isinf(v) else v
+        return pad_t + h - h * (v - lo) / (hi - lo)
+
+    parts = [f'<svg class="chart" id="sqnr" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" role="img">']
+    for t in range(int(lo), int(hi) + 1, 10):
+        parts.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#eee"/>'
+                     f'<text x="{pad_l - 6}" y="{y(t) + 4:.1f}" font-size="10" text-anchor="end">{t} dB</text>')
+    bad = set(worst)
+    for i, v in enumerate(local):
+        if v is None:
+            continue
+        row = df.iloc[i]
+        top, base = y(v), y(max(lo, 0.0))
+        colour = "#c92a2a" if i in bad else "#4dabf7"
+        tip = f"#{i} {_name(row)[:100]}: local SQNR {v:.1f} dB, SQNR {_fmt_db(acc[i])}"
+        cls = "qbar worst" if i in bad else "qbar"
+        parts.append(f'<rect class="{cls}" data-row="{i}" x="{pad_l + i * step + step * 0.1:.1f}" '
+                     f'y="{min(top, base):.1f}" width="{max(step * 0.8, 1):.1f}" height="{abs(base - top):.1f}" '
+                     f'fill="{colour}"><title>{_e(tip)}</title></rect>')
+        if math.isinf(v):
+            cx = pad_l + (i + 0.5) * step
+            parts.append(f'<path class="qinf" d="M{cx - 3:.1f},{pad_t + 6:.1f} L{cx + 3:.1f},{pad_t + 6:.1f} '
+                         f'L{cx:.1f},{pad_t:.1f}Z" fill="#495057"/>')
+    pts = [(pad_l + (i + 0.5) * step, y(v)) for i, v in enumerate(acc) if v is not None]
+    if pts:
+        parts.append('<polyline fill="none" stroke="#212529" stroke-width="1.5" points="'
+                     + " ".join(f"{x:.1f},{yy:.1f}" for x, yy in pts) + '"/>')
+    parts.append(f'<text x="{pad_l}" y="{height - 6}" font-size="11">float op (graph order) →</text></svg>')
+    legend = ('<div class="legend"><span><i class="sw" style="background:#4dabf7"></i>local SQNR (the op fed the '
+              "runtime's inputs: the error its own quantization adds)</span><span><i class=\"sw\" "
+              'style="background:#c92a2a"></i>worst layers</span><span><i class="sw" style="background:#212529">'
+              "</i>accumulated SQNR (runtime vs the float model)</span></div>")
+    return legend + "".join(parts)
+
+
+def _fmt_db(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return "∞" if math.isinf(v) and v > 0 else f"{v:.1f}"
+
+
+def _fmt_cell(col: str, v: Any) -> tuple[str, str]:
+    """(text, sort value) of one numeric cell."""
+    if col == "samples":
+        return ("" if v is None else _e(v)), ("" if v is None else _e(v))
+    f = _db(v)
+    if f is None:
+        return "", ""
+    text = _fmt_db(f) if col.endswith("_db") else f"{f:.3f}"
+    return text, ("1e308" if math.isinf(f) and f > 0 else f"{f:.6g}")
+
+
+def _worst_list(df: pd.DataFrame, worst: list[int]) -> str:
+    if not worst:
+        return "<p>No quantized op in the table.</p>"
+    items = []
+    for k in worst:
+        row = df.iloc[k]
+        module = row.get("module") or ""
+        where = f" in <code>{_e(module)}</code>" if module else ""
+        weight = _db(row.get("weight_sqnr_db"))
+        items.append(f"<li><a href='#q{k}'><b>{_e(_name(row))}</b></a>{where}: local SQNR "
+                     f"{_fmt_db(_db(row['local_sqnr_db']))} dB, accumulated {_fmt_db(_db(row['sqnr_db']))} dB"
+                     f"{'' if weight is None else ', weight ' + _fmt_db(weight) + ' dB'}</li>")
+    return "<ol class='culprits'>" + "".join(items) + "</ol>"
+
+
+def _table(df: pd.DataFrame, worst: list[int]) -> str:
+    bad = set(worst)
+    head = "".join(f"<th>{_e(t)}</th>" for t in ("#", "float op", "module", *(t for _, t in _CELLS)))
+    rows = []
+    for k in range(len(df)):
+        row = df.iloc[k]
+        cells = []
+        for col, _ in _CELLS:
+            text, v = _fmt_cell(col, row.get(col))
+            cells.append(f"<td class='num' data-v='{v}'>{text}</td>")
+        cls = " class='culprit'" if k in bad else ""
+        rows.append(f"<tr id='q{k}'{cls}><td class='num' data-v='{k}'>{k}</td><td>{_e(_name(row))}</td>"
+                    f"<td>{_e(row.get('module') or '')}</td>{''.join(cells)}</tr>")
+    return (f"<div class='scroll'><table id='quant' class='sortable'><thead><tr>{head}</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table></div>")
+
+
+def quant_section(df: pd.DataFrame, top: int = 5) -> str:
+    """The HTML of the quantization section of a float-reference gap table."""
+    worst = worst_rows(df, top)
+    samples = df.attrs.get("samples")
+    note = (f"<p>{len(df)} float ops, {_e(samples)} sample(s); {int(df['quantized'].sum())} quantized. SQNR: "
+            "signal over quantization noise, over all samples (higher is better; 6 dB per bit).</p>")
+    return ("<h2 id='quant'>Quantization error per layer (against the float model)</h2>" + note
+            + "<h3>Worst layers (lowest local SQNR)</h3>" + _worst_list(df, worst) + sqnr_chart_svg(df, worst)
+            + _table(df, worst))
+
+
+def is_float_reference(df: pd.DataFrame | None) -> bool:
+    """Whether ``df`` is a float-reference gap table (``reference_graph="float"``)."""
+    return df is not None and (df.attrs.get("reference_graph") == "float"
+                               or all(c in df.columns for c in QUANT_COLUMNS))

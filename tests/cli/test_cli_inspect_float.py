@@ -1,0 +1,91 @@
+"""``edgetorch inspect --gap --reference-graph float``: an INT8 program's per-layer quantization table against its
+float model, from the saved files. The CLI must print and write what the Python API computes (the numbers
+themselves are checked against independent computations in tests/devtools/test_float_reference.py), name the
+worst layer, and refuse what it cannot do with a clear message."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from edgetorch.devtools import Inspector
+from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+from edgetorch.devtools.quant_fallback import record_debug_runs
+from edgetorch.export import ExportRecipe, PortableRecipeType, export
+from tests.cli.conftest import cli
+from tests.quant_helpers import TinyConvNet, conv_samples
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):  # noqa: ANN201
+    """ETRecord (with the float program), ETDump and debug buffer of an INT8 TinyConvNet run on 3 samples."""
+    folder = tmp_path_factory.mktemp("inspect_float")
+    samples = conv_samples(3)
+    session = export(TinyConvNet().eval(), samples,
+                     ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_CHANNEL), generate_etrecord=True)
+    paths, _ = record_debug_runs(session.get_executorch_program_manager(), samples, str(folder))
+    return folder, paths
+
+
+def _float(v: str) -> float:
+    return math.nan if v == "" else float(v)
+
+
+def test_the_table_worst_layers_tsv_and_report_match_the_api(files) -> None:  # noqa: ANN001
+    folder, (rec, etdump, debug) = files
+    tsv, report = folder / "q.tsv", folder / "q.html"
+    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap",
+            "--reference-graph", "float", "--tsv", str(tsv), "--report", str(report))
+    assert r.returncode == 0, r.stderr[-3000:]
+    api = Inspector(etdump_path=etdump, etrecord=rec, debug_buffer_path=debug).calculate_numeric_gap(
+        "MSE", reference_graph="float")
+    assert "against the float model" in r.stdout and "(3 sample(s)" in r.stdout
+    worst = rank_quantization_culprits(api, 1).iloc[0]
+    first = r.stdout.split("worst layers", 1)[1].splitlines()[1]
+    assert first.strip().startswith("1. #") and ", ".join(worst["aot_ops"]) in first
+    assert f"local SQNR {worst['local_sqnr_db']:.1f} dB" in first
+    rows = list(csv.DictReader(tsv.open(), delimiter="\t"))
+    assert len(rows) == len(api) > 3
+    for row, (_, want) in zip(rows, api.iterrows(), strict=True):
+        assert row["aot_ops"] == ", ".join(want["aot_ops"])
+        for col in ("sqnr_db", "local_sqnr_db", "weight_sqnr_db"):
+            got, exp = _float(row[col]), float(want[col])
+            assert (math.isnan(got) and math.isnan(exp)) or got == pytest.approx(exp, rel=1e-12, abs=0)
+    html = report.read_text()
+    assert "id='quant'" in html and html.count("class=\"qbar") == api["local_sqnr_db"].notna().sum()
+    assert "graph_map[&#x27;float/forward&#x27;]" in html
+
+
+def test_the_edge_table_of_a_quantized_program_points_to_the_float_model(files) -> None:  # noqa: ANN001
+    _, (rec, etdump, debug) = files
+    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap", "--rows", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--reference-graph float shows what each layer's quantization costs" in r.stdout
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--reference-graph", "float"), "--reference-graph needs --gap"),
+    (("--gap", "--reference-graph", "float", "--run", "1"), "--reference-graph float uses every recorded sample"),
+    (("--gap", "--reference-graph", "float", "--model-explorer-json", "n.json"), "cannot take the float-model"),
+    (("--gap", "--reference-graph", "nosuch"), "nosuch"),
+])
+def test_bad_combinations_are_named(files, extra, message) -> None:  # noqa: ANN001
+    folder, (rec, etdump, debug) = files
+    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, *extra, cwd=str(folder))
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_float_program_without_a_float_reference_is_a_clear_error(artifacts, tmp_path) -> None:  # noqa: ANN001
+    """The float MLP of the shared CLI artifacts: its ETRecord holds no float program to compare with."""
+    from edgetorch.runtime import Runtime
+
+    program = Runtime.get().load_program(artifacts.pte, enable_etdump=True, debug_buffer_size="auto")
+    program.load_method("forward").execute(*artifacts.inputs)
+    etdump, debug = str(tmp_path / "e.etdp"), str(tmp_path / "d.bin")
+    program.write_etdump_result_to_file(etdump, debug)
+    r = cli("inspect", "--etdump", etdump, "--etrecord", artifacts.etrecord, "--debug-buffer", debug, "--gap",
+            "--reference-graph", "float")
+    assert r.returncode == 2 and "no float program" in r.stderr and "Traceback" not in r.stderr
