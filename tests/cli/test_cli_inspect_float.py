@@ -46,6 +46,8 @@ def test_the_table_worst_layers_tsv_and_report_match_the_api(files) -> None:  # 
     first = r.stdout.split("worst layers", 1)[1].splitlines()[1]
     assert first.strip().startswith("1. #") and ", ".join(worst["aot_ops"]) in first
     assert f"local SQNR {worst['local_sqnr_db']:.1f} dB" in first
+    names = [ops[0] for ops in rank_quantization_culprits(api, 5)["aot_ops"]]
+    assert f"quant_exclude_nodes={names!r}" in r.stdout
     rows = list(csv.DictReader(tsv.open(), delimiter="\t"))
     assert len(rows) == len(api) > 3
     for row, (_, want) in zip(rows, api.iterrows(), strict=True):

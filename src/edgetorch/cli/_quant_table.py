@@ -81,5 +81,7 @@ def print_worst_layers(console: Console, df: Any, ranked: Any) -> None:
         console.print(f"  {rank}. #{pos[label]} {ops_text(row['aot_ops'], 60)}{module}: local SQNR "
                       f"{db(row['local_sqnr_db'])} dB, accumulated {db(row['sqnr_db'])} dB"
                       + (f", weight {weight} dB" if weight else ""), highlight=False, markup=False)
-    console.print("keep them in float: quant_exclude_nodes=[...] in the recipe, or "
-                  "edgetorch.devtools.quant_fallback.selective_fallback", highlight=False, markup=False)
+    names = [str(ops[0]) for ops in ranked["aot_ops"] if isinstance(ops, (list, tuple)) and ops]
+    console.print(f"to keep them in float: the recipe option quant_exclude_nodes={names!r} (or let "
+                  "edgetorch.devtools.quant_fallback.selective_fallback choose and measure)", highlight=False,
+                  markup=False)
