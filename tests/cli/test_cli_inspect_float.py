@@ -5,8 +5,10 @@ worst layer, and refuse what it cannot do with a clear message."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import math
+import re
 
 import pytest
 
@@ -46,8 +48,6 @@ def test_the_table_worst_layers_tsv_and_report_match_the_api(files) -> None:  # 
     first = r.stdout.split("worst layers", 1)[1].splitlines()[1]
     assert first.strip().startswith("1. #") and ", ".join(worst["aot_ops"]) in first
     assert f"local SQNR {worst['local_sqnr_db']:.1f} dB" in first
-    names = [ops[0] for ops in rank_quantization_culprits(api, 5)["aot_ops"]]
-    assert f"quant_exclude_nodes={names!r}" in r.stdout
     rows = list(csv.DictReader(tsv.open(), delimiter="\t"))
     assert len(rows) == len(api) > 3
     for row, (_, want) in zip(rows, api.iterrows(), strict=True):
@@ -58,6 +58,29 @@ def test_the_table_worst_layers_tsv_and_report_match_the_api(files) -> None:  # 
     html = report.read_text()
     assert "id='quant'" in html and html.count("class=\"qbar") == api["local_sqnr_db"].notna().sum()
     assert "graph_map[&#x27;float/forward&#x27;]" in html
+
+
+def test_the_printed_exclusions_keep_the_worst_layers_float(files, tmp_path) -> None:  # noqa: ANN001
+    """The recipe options the CLI prints, applied: every worst layer's row then adds no error of its own."""
+    _, (rec, etdump, debug) = files
+    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap",
+            "--reference-graph", "float", "--rows", "1", "--worst", "10")
+    assert r.returncode == 0, r.stderr[-3000:]
+    options = {k: ast.literal_eval(v) for k, v in re.findall(r"(quant_exclude_\w+)=(\[[^\]]*\])", r.stdout)}
+    assert options.get("quant_exclude_nodes")  # conv/linear/relu layers are kept by node
+    assert options.get("quant_exclude_activations") == ["flatten"]  # the head's input, quantized for the linear
+    samples = conv_samples(3)
+    session = export(TinyConvNet().eval(), samples, ExportRecipe.get_recipe(
+        PortableRecipeType.INT8_STATIC_PER_CHANNEL, **options), generate_etrecord=True)
+    paths, _ = record_debug_runs(session.get_executorch_program_manager(), samples, str(tmp_path))
+    table = Inspector(etdump_path=paths[1], etrecord=paths[0], debug_buffer_path=paths[2]).calculate_numeric_gap(
+        "MSE", reference_graph="float")
+    kept = set(options["quant_exclude_nodes"]) | set(options["quant_exclude_activations"])
+    rows = table[[ops[0] in kept for ops in table["aot_ops"]]]
+    # the layers kept by node stay rows with no error of their own; a value kept float may leave the table (a
+    # float view logs no value of its own): it is no longer quantized either way
+    assert {ops[0] for ops in rows["aot_ops"]} >= set(options["quant_exclude_nodes"])
+    assert (rows["local_sqnr_db"] == math.inf).all()
 
 
 def test_the_edge_table_of_a_quantized_program_points_to_the_float_model(files) -> None:  # noqa: ANN001
@@ -72,6 +95,7 @@ def test_the_edge_table_of_a_quantized_program_points_to_the_float_model(files) 
     (("--gap", "--reference-graph", "float", "--run", "1"), "--reference-graph float uses every recorded sample"),
     (("--gap", "--reference-graph", "float", "--model-explorer-json", "n.json"), "cannot take the float-model"),
     (("--gap", "--reference-graph", "nosuch"), "nosuch"),
+    (("--gap", "--reference-graph", "float", "--worst", "0"), "--worst must be >= 1"),
 ])
 def test_bad_combinations_are_named(files, extra, message) -> None:  # noqa: ANN001
     folder, (rec, etdump, debug) = files

@@ -81,7 +81,24 @@ def print_worst_layers(console: Console, df: Any, ranked: Any) -> None:
         console.print(f"  {rank}. #{pos[label]} {ops_text(row['aot_ops'], 60)}{module}: local SQNR "
                       f"{db(row['local_sqnr_db'])} dB, accumulated {db(row['sqnr_db'])} dB"
                       + (f", weight {weight} dB" if weight else ""), highlight=False, markup=False)
-    names = [str(ops[0]) for ops in ranked["aot_ops"] if isinstance(ops, (list, tuple)) and ops]
-    console.print(f"to keep them in float: the recipe option quant_exclude_nodes={names!r} (or let "
+    nodes, values = exclusions(ranked)
+    options = ", ".join(f"{k}={v!r}" for k, v in (("quant_exclude_nodes", nodes),
+                                                  ("quant_exclude_activations", values)) if v)
+    console.print(f"to keep them in float: the recipe options {options} (or let "
                   "edgetorch.devtools.quant_fallback.selective_fallback choose and measure)", highlight=False,
                   markup=False)
+
+
+def exclusions(ranked: Any) -> tuple[list[str], list[str]]:
+    """The recipe exclusions that keep the ranked rows float: an op the quantizer annotates (conv, linear, add,
+    ...) by node name; any other op's output value (a reshape whose output the next linear quantizes) by value
+    name."""
+    from edgetorch.export.quantizer import ANNOTATED_OPS
+
+    annotated = {str(op) for op in ANNOTATED_OPS}
+    nodes, values = [], []
+    for _, row in ranked.iterrows():
+        ops = row["aot_ops"]
+        if isinstance(ops, (list, tuple)) and ops:
+            (nodes if str(row.get("float_op")) in annotated else values).append(str(ops[0]))
+    return nodes, values

@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --gap: compare with this graph of the ETRecord instead of the edge program; 'float' "
                         "(the float model a quantizing export records) gives each layer's quantization error over "
                         "every recorded sample")
+    p.add_argument("--worst", type=int, default=5, metavar="N",
+                   help="with --reference-graph float: how many worst layers to list (default 5)")
     p.add_argument("--method", default=None, help="method to analyse (default forward, or the only one run)")
     p.add_argument("--run", type=int, default=0, help="which recorded execution to analyse (default 0)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print (default 40; 0 = all)")
@@ -102,6 +104,8 @@ def _main(args: argparse.Namespace) -> int:
             raise CliError("--gap needs --debug-buffer (the runtime's intermediate outputs)")
     if args.run < 0:
         raise CliError(f"--run must be >= 0, got {args.run}")
+    if args.worst < 1:
+        raise CliError(f"--worst must be >= 1, got {args.worst}")
     _check_output(args.tsv, "--tsv")
     _check_output(args.report, "--report")
     _check_output(args.model_explorer_json, "--model-explorer-json")
@@ -231,7 +235,7 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
             df = inspector.calculate_numeric_gap(args.gap, method=method, reference_graph="float")
     except EdgeTorchError as e:
         raise CliError(str(e)) from None
-    ranked = rank_quantization_culprits(df, 5)
+    ranked = rank_quantization_culprits(df, args.worst)
     pos = {label: k for k, label in enumerate(df.index)}
     print_quant_table(console, df, f"quantization error per float op of '{method}' against the float model, graph "
                       f"order ({df.attrs.get('samples')} sample(s); * worst)", args.rows,
