@@ -79,6 +79,13 @@ def observer_effect_line(effect: float) -> str:
             "same with its intermediates exposed")
 
 
+def _tsv(flat: Any) -> bytes:
+    """A table as TSV bytes, list cells joined with ", "."""
+    for c in flat.columns:
+        flat[c] = flat[c].apply(lambda v: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
+    return flat.to_csv(sep="\t", index_label="row").encode()
+
+
 def _gap_tsv(df: Any) -> bytes:
     cols = ["aot_ops", "runtime_ops", "gap", "local_gap", "aot_debug_handle", "runtime_debug_handle",
             "instruction_id", "delegate", "shape", "source", "module"]
@@ -86,9 +93,7 @@ def _gap_tsv(df: Any) -> bytes:
     for c in ("gap", "local_gap"):
         if c in flat.columns:
             flat[c] = flat[c].apply(lambda v: v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v)
-    for c in flat.columns:
-        flat[c] = flat[c].apply(lambda v: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
-    return flat.to_csv(sep="\t", index_label="row").encode()
+    return _tsv(flat)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -217,9 +222,7 @@ _QUANT_TSV = ("aot_ops", "module", "sqnr_db", "local_sqnr_db", "rmse_over_scale"
 
 def _quant_tsv(df: Any) -> bytes:
     flat = df[[c for c in _QUANT_TSV if c in df.columns]].copy()
-    for c in flat.columns:
-        flat[c] = flat[c].apply(lambda v: ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else v)
-    return flat.to_csv(sep="\t", index_label="row").encode()
+    return _tsv(flat)
 
 
 def _float_table(inspector: Any, args: argparse.Namespace, method: str, console: Any, steps: Any) -> Any:
