@@ -83,6 +83,31 @@ def test_the_printed_exclusions_keep_the_worst_layers_float(files, tmp_path) -> 
     assert (rows["local_sqnr_db"] == math.inf).all()
 
 
+def test_output_impact_column_list_and_report(files, tmp_path) -> None:  # noqa: ANN001
+    """--impact: each layer's own error injected into the float model; the CLI's column, ranking and report list
+    are the Python API's (``output_impact``)."""
+    from edgetorch.devtools.inspector.float_reference import output_impact
+
+    _, (rec, etdump, debug) = files
+    tsv, report = tmp_path / "i.tsv", tmp_path / "i.html"
+    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap",
+            "--reference-graph", "float", "--impact", "--tsv", str(tsv), "--report", str(report))
+    assert r.returncode == 0, r.stderr[-3000:]
+    inspector = Inspector(etdump_path=etdump, etrecord=rec, debug_buffer_path=debug)
+    api = inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    impact = output_impact(inspector)
+    rows = list(csv.DictReader(tsv.open(), delimiter="\t"))
+    for row, h in zip(rows, api["float_debug_handle"], strict=True):
+        want = impact.get(h)
+        assert (row["output_impact"] == "") if want is None else float(row["output_impact"]) == pytest.approx(want)
+    order = sorted((h for h in api["float_debug_handle"] if impact.get(h) is not None), key=lambda h: -impact[h])
+    names = {h: ", ".join(ops) for h, ops in zip(api["float_debug_handle"], api["aot_ops"], strict=True)}
+    first = r.stdout.split("costing the output most", 1)[1].splitlines()[1]
+    assert names[order[0]] in first
+    listed = re.findall(r"<ol class='culprits impact'>(.*?)</ol>", report.read_text())[0]
+    assert re.findall(r"<b>(.*?)</b>", listed) == [names[h] for h in order[:5]]
+
+
 def test_the_edge_table_of_a_quantized_program_points_to_the_float_model(files) -> None:  # noqa: ANN001
     _, (rec, etdump, debug) = files
     r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap", "--rows", "3")
@@ -96,6 +121,8 @@ def test_the_edge_table_of_a_quantized_program_points_to_the_float_model(files) 
     (("--gap", "--reference-graph", "float", "--model-explorer-json", "n.json"), "cannot take the float-model"),
     (("--gap", "--reference-graph", "nosuch"), "nosuch"),
     (("--gap", "--reference-graph", "float", "--worst", "0"), "--worst must be >= 1"),
+    (("--gap", "--impact"), "--impact needs --gap --reference-graph float"),
+    (("--gap", "--reference-graph", "exported_program", "--impact"), "--impact needs --reference-graph float"),
 ])
 def test_bad_combinations_are_named(files, extra, message) -> None:  # noqa: ANN001
     folder, (rec, etdump, debug) = files

@@ -390,9 +390,12 @@ def test_quant_section_names_the_worst_layers_in_rank_order(quant_table, tmp_pat
     assert sorted(r for r, w in bars if w) == sorted(worst)
     assert len(re.findall(r"<tr id='q\d+'", html)) == len(quant_table)
     assert len(re.findall(r"<tr id='q\d+' class='culprit'>", html)) == len(worst)
-    # a row whose runtime matches the float op exactly (infinite local SQNR) is drawn to the top and marked
-    exact = [k for k, v in enumerate(quant_table["local_sqnr_db"]) if v == math.inf]
-    assert html.count('class="qinf"') == len(exact)
+    # the scale ends 10 dB above the quantized rows' best: a row beyond it (e.g. no error at all, infinite local
+    # SQNR) is drawn to the top and marked
+    q = quant_table[quant_table["quantized"]]
+    top = math.ceil(max(v for v in [*q["local_sqnr_db"], *q["sqnr_db"]] if math.isfinite(v)) / 10) * 10 + 10
+    beyond = [k for k, v in enumerate(quant_table["local_sqnr_db"]) if not pd.isna(v) and v > top]
+    assert html.count('class="qinf"') == len(beyond) and any(v == math.inf for v in quant_table["local_sqnr_db"])
     assert "<a href='#quant'>quantization</a>" in html
 
 

@@ -18,7 +18,7 @@ from edgetorch.cli._table import ops_text, sci
 
 _COLUMNS = (("#", None), ("float op", "aot_ops"), ("module", "module"), ("SQNR dB", "sqnr_db"),
             ("local SQNR dB", "local_sqnr_db"), ("RMSE/scale", "rmse_over_scale"),
-            ("weight SQNR dB", "weight_sqnr_db"), ("gap", "gap"))
+            ("weight SQNR dB", "weight_sqnr_db"), ("output impact", "output_impact"), ("gap", "gap"))
 
 
 def db(v: Any) -> str:
@@ -40,7 +40,7 @@ def _cell(key: str | None, i: int, row: Any) -> str:
         return escape(ops_text(v, 40))
     if key == "module":
         return escape(ops_text(v or "", 36))
-    if key == "gap":
+    if key in ("gap", "output_impact"):
         return sci(v)
     if key == "rmse_over_scale":
         return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.3f}"
@@ -52,12 +52,13 @@ def print_quant_table(console: Console, df: Any, title: str, rows: int, worst: s
     distance = df.attrs.get("distance", "gap")
     console.print(title, highlight=False, markup=False)  # a line of its own: a table title wraps to its width
     table = Table(show_lines=False, pad_edge=False)
-    for name, key in _COLUMNS:
+    columns = [(n, k) for n, k in _COLUMNS if k != "output_impact" or k in df.columns]
+    for name, key in columns:
         table.add_column(f"{distance} gap" if key == "gap" else name, no_wrap=key not in ("aot_ops", "module"),
                          justify="right" if key not in ("aot_ops", "module") else "left", overflow="ellipsis")
     shown = df if rows == 0 else df.head(rows)
     for i, (_, row) in enumerate(shown.iterrows()):
-        cells = [_cell(key, i, row) for _, key in _COLUMNS]
+        cells = [_cell(key, i, row) for _, key in columns]
         if i in worst:
             cells[0] += "*"
         table.add_row(*cells)
@@ -102,3 +103,15 @@ def exclusions(ranked: Any) -> tuple[list[str], list[str]]:
         if isinstance(ops, (list, tuple)) and ops:
             (nodes if str(row.get("float_op")) in annotated else values).append(str(ops[0]))
     return nodes, values
+
+
+def print_output_impact(console: Console, df: Any, top: int) -> None:
+    """The ``top`` layers whose own error alone costs the output most (``output_impact``, largest first)."""
+    ranked = df[df["output_impact"].notna()].sort_values("output_impact", ascending=False, kind="stable").head(top)
+    console.print("costing the output most (each layer's own error alone injected into the float model: output "
+                  "noise / output signal):", highlight=False, markup=False)
+    pos = {label: k for k, label in enumerate(df.index)}
+    for rank, (label, row) in enumerate(ranked.iterrows(), 1):
+        module = f" in {row.get('module')}" if row.get("module") else ""
+        console.print(f"  {rank}. #{pos[label]} {ops_text(row['aot_ops'], 60)}{module}: {sci(row['output_impact'])}",
+                      highlight=False, markup=False)

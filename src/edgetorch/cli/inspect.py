@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "every recorded sample")
     p.add_argument("--worst", type=int, default=5, metavar="N",
                    help="with --reference-graph float: how many worst layers to list (default 5)")
+    p.add_argument("--impact", action="store_true",
+                   help="with --reference-graph float: also measure what each layer's own error alone does to the "
+                        "model's output (injected into the float model: one float forward per layer and sample)")
     p.add_argument("--method", default=None, help="method to analyse (default forward, or the only one run)")
     p.add_argument("--run", type=int, default=0, help="which recorded execution to analyse (default 0)")
     p.add_argument("--rows", type=int, default=40, help="table rows to print (default 40; 0 = all)")
@@ -116,11 +119,16 @@ def _main(args: argparse.Namespace) -> int:
     _check_output(args.model_explorer_json, "--model-explorer-json")
     if args.model_explorer_json and args.gap is None:
         raise CliError("--model-explorer-json needs --gap (the per-op values it exports)")
+    if args.impact and args.reference_graph is None:
+        raise CliError("--impact needs --gap --reference-graph float")
     if args.reference_graph is not None:
         if args.gap is None:
             raise CliError("--reference-graph needs --gap (it picks what the gap table compares with)")
         if args.reference_graph == "float" and args.run != 0:
             raise CliError("--run picks one execution; --reference-graph float uses every recorded sample")
+        if args.impact and args.reference_graph != "float":
+            raise CliError("--impact needs --reference-graph float (it injects each layer's quantization error "
+                           "into the float model)")
         if args.reference_graph == "float" and args.model_explorer_json:
             raise CliError("--model-explorer-json overlays edge-program rows; it cannot take the float-model table "
                            "of --reference-graph float")
@@ -134,7 +142,7 @@ def _main(args: argparse.Namespace) -> int:
 
         logging.getLogger("edgetorch.devtools.inspector.inspector").setLevel(logging.ERROR)
     console = table_console()  # piped / captured: wide enough for the tables
-    steps = Steps(console, total=1 + (args.gap is not None) + bool(args.report))
+    steps = Steps(console, total=1 + (args.gap is not None) + bool(args.report) + bool(args.impact))
     try:
         with steps:
             steps.next("reading the ETDump" + (" and the ETRecord" if args.etrecord else ""))
@@ -217,7 +225,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 _QUANT_TSV = ("aot_ops", "module", "sqnr_db", "local_sqnr_db", "rmse_over_scale", "output_scale", "weight_sqnr_db",
-              "weight_mse", "gap", "local_gap", "quantized", "samples", "float_debug_handle", "source", "shape")
+              "weight_mse", "output_impact", "gap", "local_gap", "quantized", "samples", "float_debug_handle",
+              "source", "shape")
 
 
 def _quant_tsv(df: Any) -> bytes:
@@ -227,8 +236,8 @@ def _quant_tsv(df: Any) -> bytes:
 
 def _float_table(inspector: Any, args: argparse.Namespace, method: str, console: Any, steps: Any) -> Any:
     """Computes and prints the per-layer table against the float model and its worst layers."""
-    from edgetorch.cli._quant_table import print_quant_table, print_worst_layers
-    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+    from edgetorch.cli._quant_table import print_output_impact, print_quant_table, print_worst_layers
+    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits, with_output_impact
     from edgetorch.errors import EdgeTorchError
 
     try:
@@ -236,6 +245,11 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
             steps.next(f"computing {args.gap} quantization errors of '{method}' against the float model (every "
                        "recorded sample)")
             df = inspector.calculate_numeric_gap(args.gap, method=method, reference_graph="float")
+        if args.impact:
+            with steps:
+                steps.next(f"injecting each of the {len(df)} layers' own error into the float model (one float "
+                           "forward per layer and sample)")
+                df = with_output_impact(inspector, df, method)
     except EdgeTorchError as e:
         raise CliError(str(e)) from None
     ranked = rank_quantization_culprits(df, args.worst)
@@ -244,6 +258,8 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
                       f"order ({df.attrs.get('samples')} sample(s); * worst)", args.rows,
                       {pos[i] for i in ranked.index})
     print_worst_layers(console, df, ranked)
+    if args.impact:
+        print_output_impact(console, df, args.worst)
     return df
 
 

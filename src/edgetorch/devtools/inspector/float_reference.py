@@ -46,7 +46,8 @@ from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.export.quantizer import ANNOTATED_OPS, float_handle, module_paths
 
-__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "output_impact", "rank_quantization_culprits", "simulate_fallback"]
+__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "output_impact", "rank_quantization_culprits", "simulate_fallback",
+           "with_output_impact"]
 
 #: the ``reference_graph`` name of the float model
 FLOAT_GRAPH = "float"
@@ -871,6 +872,15 @@ def _table(stats: dict[int, _Stats], prep: _Prepared, comparator: Any, local: bo
             "shape": tuple(s.first[0].shape),
         })
     return pd.DataFrame(rows, columns=_COLUMNS)
+
+
+def with_output_impact(inspector: Any, df: pd.DataFrame, method: str | None = None) -> pd.DataFrame:
+    """``df`` (a float-reference table of ``inspector``) with an ``output_impact`` column: :func:`output_impact`
+    (noise-to-signal ratio of the outputs) of each row's float op, None where the op logged no value."""
+    impact = output_impact(inspector, method)
+    out = df.assign(output_impact=[impact.get(h) for h in df["float_debug_handle"]])
+    out.attrs.update(df.attrs)
+    return out
 
 
 def rank_quantization_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:

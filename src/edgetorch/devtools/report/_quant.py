@@ -19,7 +19,7 @@ from edgetorch.devtools.inspector.float_reference import rank_quantization_culpr
 
 QUANT_COLUMNS = ("sqnr_db", "local_sqnr_db", "quantized")  # what makes a table a float-reference table
 _CELLS = (("sqnr_db", "SQNR dB"), ("local_sqnr_db", "local SQNR dB"), ("rmse_over_scale", "RMSE / scale"),
-          ("weight_sqnr_db", "weight SQNR dB"), ("samples", "samples"))
+          ("weight_sqnr_db", "weight SQNR dB"), ("output_impact", "output impact"), ("samples", "samples"))
 
 
 def _e(x: Any) -> str:
@@ -49,21 +49,26 @@ def worst_rows(df: pd.DataFrame, top: int = 5) -> list[int]:
 
 
 def sqnr_chart_svg(df: pd.DataFrame, worst: list[int], width: int = 1200, height: int = 260) -> str:
-    """One bar per row: its local SQNR (dB), the worst rows red; a line: the accumulated SQNR. A row with no
-    error (infinite SQNR) draws a bar to the top, marked with a triangle. Rows with neither value are gaps."""
+    """One bar per row: its local SQNR (dB), the worst rows red; a line: the accumulated SQNR. The scale ends
+    10 dB above the quantized rows' best; a bar beyond it (a float row's rounding-level error, or no error:
+    infinite SQNR) is drawn to the top and marked with a triangle. Rows with neither value are gaps."""
     local = [_db(v) for v in df["local_sqnr_db"]]
     acc = [_db(v) for v in df["sqnr_db"]]
     finite = [v for v in local + acc if v is not None and math.isfinite(v)]
     if not finite:
         return "<p>No row has a finite SQNR: the runtime reproduces the float model exactly.</p>"
-    lo, hi = math.floor(min(0.0, min(finite)) / 10) * 10, math.ceil(max(finite) / 10) * 10 + 10
+    # the scale follows the quantized rows: a float row's 140 dB (float rounding) would flatten them; taller bars
+    # are drawn to the top and marked
+    quantized = [v for v, q in zip(local + acc, [*df["quantized"], *df["quantized"]], strict=True)
+                 if q and v is not None and math.isfinite(v)] if "quantized" in df else []
+    lo = math.floor(min(0.0, min(finite)) / 10) * 10
+    hi = math.ceil(max(quantized or finite) / 10) * 10 + 10
     pad_l, pad_r, pad_t, pad_b = 50, 10, 10, 36
     n, w, h = len(df), width - pad_l - pad_r, height - pad_t - pad_b
     step = w / max(n, 1)
 
     def y(v: float) -> float:
-        v = hi if math.isinf(v) and v > 0 else lo if math.isinf(v) else v
-        return pad_t + h - h * (v - lo) / (hi - lo)
+        return pad_t + h - h * (min(max(v, lo), hi) - lo) / (hi - lo)
 
     parts = [f'<svg class="chart" id="sqnr" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
              'xmlns="http://www.w3.org/2000/svg" role="img">']
@@ -82,7 +87,7 @@ def sqnr_chart_svg(df: pd.DataFrame, worst: list[int], width: int = 1200, height
         parts.append(f'<rect class="{cls}" data-row="{i}" x="{pad_l + i * step + step * 0.1:.1f}" '
                      f'y="{min(top, base):.1f}" width="{max(step * 0.8, 1):.1f}" height="{abs(base - top):.1f}" '
                      f'fill="{colour}"><title>{_e(tip)}</title></rect>')
-        if math.isinf(v):
+        if v > hi:
             cx = pad_l + (i + 0.5) * step
             parts.append(f'<path class="qinf" d="M{cx - 3:.1f},{pad_t + 6:.1f} L{cx + 3:.1f},{pad_t + 6:.1f} '
                          f'L{cx:.1f},{pad_t:.1f}Z" fill="#495057"/>')
@@ -111,7 +116,7 @@ def _fmt_cell(col: str, v: Any) -> tuple[str, str]:
     f = _db(v)
     if f is None:
         return "", ""
-    text = _fmt_db(f) if col.endswith("_db") else f"{f:.3f}"
+    text = _fmt_db(f) if col.endswith("_db") else f"{f:.3e}" if col == "output_impact" else f"{f:.3f}"
     return text, ("1e308" if math.isinf(f) and f > 0 else f"{f:.6g}")
 
 
@@ -132,12 +137,13 @@ def _worst_list(df: pd.DataFrame, worst: list[int]) -> str:
 
 def _table(df: pd.DataFrame, worst: list[int]) -> str:
     bad = set(worst)
-    head = "".join(f"<th>{_e(t)}</th>" for t in ("#", "float op", "module", *(t for _, t in _CELLS)))
+    shown = [(c, t) for c, t in _CELLS if c != "output_impact" or c in df.columns]
+    head = "".join(f"<th>{_e(t)}</th>" for t in ("#", "float op", "module", *(t for _, t in shown)))
     rows = []
     for k in range(len(df)):
         row = df.iloc[k]
         cells = []
-        for col, _ in _CELLS:
+        for col, _ in shown:
             text, v = _fmt_cell(col, row.get(col))
             cells.append(f"<td class='num' data-v='{v}'>{text}</td>")
         cls = " class='culprit'" if k in bad else ""
@@ -153,9 +159,20 @@ def quant_section(df: pd.DataFrame, top: int = 5) -> str:
     samples = df.attrs.get("samples")
     note = (f"<p>{len(df)} float ops, {_e(samples)} sample(s); {int(df['quantized'].sum())} quantized. SQNR: "
             "signal over quantization noise, over all samples (higher is better; 6 dB per bit).</p>")
+    impact = ""
+    if "output_impact" in df.columns:
+        impact = ("<h3>Costing the output most (each layer's own error alone injected into the float model: output "
+                  "noise / output signal)</h3>" + _impact_list(df, top))
     return ("<h2 id='quant'>Quantization error per layer (against the float model)</h2>" + note
-            + "<h3>Worst layers (lowest local SQNR)</h3>" + _worst_list(df, worst) + sqnr_chart_svg(df, worst)
-            + _table(df, worst))
+            + "<h3>Worst layers (lowest local SQNR)</h3>" + _worst_list(df, worst) + impact
+            + sqnr_chart_svg(df, worst) + _table(df, worst))
+
+
+def _impact_list(df: pd.DataFrame, top: int) -> str:
+    vals = [(k, _db(v)) for k, v in enumerate(df["output_impact"])]
+    ranked = sorted(((k, v) for k, v in vals if v is not None), key=lambda kv: -kv[1])[:top]
+    items = "".join(f"<li><a href='#q{k}'><b>{_e(_name(df.iloc[k]))}</b></a>: {v:.3e}</li>" for k, v in ranked)
+    return f"<ol class='culprits impact'>{items}</ol>"
 
 
 def is_float_reference(df: pd.DataFrame | None) -> bool:
