@@ -167,3 +167,35 @@ def test_clone_direct(memory_format: torch.memory_format | None) -> None:
     same = x.clone()
     direct_kernel(aten.clone.out, [same], {"memory_format": None, "out": same})()  # in place: unchanged
     assert torch.equal(same, x)
+
+
+@pytest.mark.parametrize("scale,zero_point,dtype,qmin,qmax", [(0.02, 0, torch.int8, -128, 127),
+                                                               (0.0173, -7, torch.int8, -128, 127),
+                                                               (0.5, 3, torch.uint8, 0, 255)])
+def test_pt2e_quantize_and_dequantize_per_tensor_direct(scale: float, zero_point: int, dtype: torch.dtype,
+                                                        qmin: int, qmax: int) -> None:
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+    from edgetorch.runtime.ops import direct_functional
+
+    qd = torch.ops.quantized_decomposed
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 8, 5, 5, generator=g) * 3
+    x.view(-1)[:8] = torch.tensor([0.5, 1.5, -0.5, -2.5, 1e9, -1e9, 0.0, -0.0]) * scale  # ties and clamping
+    args = [x, scale, zero_point, qmin, qmax, dtype]
+    want = qd.quantize_per_tensor.default(*args)
+    q = torch.empty_like(want)
+    call = direct_functional(qd.quantize_per_tensor.default, args, {}, q)
+    assert call is not None
+    call()
+    assert torch.equal(q, want) and q.dtype == dtype
+    want_f = qd.dequantize_per_tensor.default(want, scale, zero_point, qmin, qmax, dtype)
+    f = torch.empty_like(want_f)
+    call = direct_functional(qd.dequantize_per_tensor.default, [want, scale, zero_point, qmin, qmax, dtype], {}, f)
+    assert call is not None
+    call()
+    assert _bits_equal(f, want_f)
+    # what it does not cover falls back to the op itself
+    assert direct_functional(qd.quantize_per_tensor.default, [x.double(), *args[1:]], {}, q) is None
+    assert direct_functional(qd.dequantize_per_tensor.default, [want, scale, zero_point, qmin, qmax, dtype],
+                             {"out_dtype": torch.bfloat16}, f) is None

@@ -3,8 +3,11 @@ list of calls.
 
 ``load_method`` does all the work that does not depend on the inputs: arena tensors are created once with the
 exact sizes/strides the compiler planned, constants are viewed in place from the mapped file, view ops are
-evaluated once (their outputs are fixed aliases of planned or constant storage) and every kernel call is bound
-to its arguments with ``functools.partial``. ``execute`` then copies the inputs into their planned slots, runs
+evaluated once (their outputs are fixed aliases of planned or constant storage), an instruction that computes
+the same every run (a deterministic op of constants only: the dequantized int8 weight of a quantized program) is
+run once and kept in memory of its own (its call becomes a no-op; a tracer still logs its outputs; the float
+copy of such weights stays resident), and every kernel call is bound to its arguments with
+``functools.partial``. ``execute`` then copies the inputs into their planned slots, runs
 the calls and clones the outputs out of the arena.
 
 ``execute`` follows the reference runtime: it takes the flat inputs (a sequence, or positional and keyword
@@ -23,6 +26,7 @@ shared); load the program twice to run it in parallel.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import threading
@@ -125,6 +129,10 @@ class Method:
             warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only bytes object
             for i, v in enumerate(plan.values):
                 self._slots[i] = self._materialize(i, v, loaded)
+        self._constant_ids = {i for i, v in enumerate(plan.values)
+                              if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_CONSTANT}
+        writes = collections.Counter(o for ins in plan.instructions for o in getattr(ins.call, "outputs", ()))
+        self._unfoldable = set(plan.outputs) | {o for o, n in writes.items() if n > 1}
         self.instructions: list[InstructionInfo] = []
         self._calls: list[Callable[[], Any] | None] = []
         self._delegate_handles: dict[int, Any] = {}
@@ -258,24 +266,91 @@ class Method:
                                          f"{len(out_tensors)} outputs but {op} takes {len(out_args)} out arguments",
                                          field=f"{self.name}.instructions[{k}].outputs")
             direct = None if fn is not getattr(op, "_op", op) else direct_kernel(op, pos, kw)
-            return direct if direct is not None else functools.partial(fn, *pos, **kw)
+            call = direct if direct is not None else functools.partial(fn, *pos, **kw)
+            return self._folded(k, ins, op, call, out_tensors) if self._foldable(ins, op) else call
         if c.kind == pf.CALL_FUNCTIONAL_COPY:
-            if len(out_tensors) == 1:
-                dst = out_tensors[0]
-                direct = None if fn is not getattr(op, "_op", op) else direct_functional(op, pos, kw, dst)
-                if direct is not None:
-                    return direct
-
-                def call_copy1(fn=fn, pos=pos, kw=kw, dst=dst):
-                    dst.copy_(fn(*pos, **kw))
-                return call_copy1
-
-            def call_copy(fn=fn, pos=pos, kw=kw, dsts=out_tensors):
-                for d, r in zip(dsts, fn(*pos, **kw)):
-                    d.copy_(r)
-            return call_copy
+            call = self._functional_copy(op, fn, pos, kw, out_tensors)
+            return self._folded(k, ins, op, call, out_tensors) if self._foldable(ins, op) else call
         raise ProgramFormatError(f"method '{self.name}': instruction {k} has unsupported call kind {kind}",
                                  field=f"{self.name}.instructions[{k}].kind")
+
+    @staticmethod
+    def _functional_copy(op: Any, fn: Callable[..., Any], pos: list, kw: dict,
+                         out_tensors: list[torch.Tensor]) -> Callable[[], Any]:
+        """A functional op whose results are copied into the planned outputs (or a direct kernel for it)."""
+        if len(out_tensors) == 1:
+            dst = out_tensors[0]
+            direct = None if fn is not getattr(op, "_op", op) else direct_functional(op, pos, kw, dst)
+            if direct is not None:
+                return direct
+
+            def call_copy1(fn=fn, pos=pos, kw=kw, dst=dst):
+                dst.copy_(fn(*pos, **kw))
+            return call_copy1
+
+        def call_copy(fn=fn, pos=pos, kw=kw, dsts=out_tensors):
+            for d, r in zip(dsts, fn(*pos, **kw)):
+                d.copy_(r)
+        return call_copy
+
+    def _foldable(self, ins: pf.InstructionDef, op: torch._ops.OpOverload) -> bool:
+        """Whether an instruction computes the same every run: a deterministic op whose tensor inputs are all
+        constants (or folded values), in a method without symbolic shapes, none of its outputs a method output or
+        written by another instruction."""
+        c = ins.call
+        tensors = []
+        for a in c.args:
+            v = self._plan.values[a]
+            if isinstance(v, pf.TensorDef):
+                tensors.append(a)
+            elif isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)):  # e.g. index's indices
+                tensors += [j for j in v.items if j >= 0]
+        if not tensors or not all(a in self._constant_ids for a in tensors) or self._shapes is not None:
+            return False
+        if torch.Tag.nondeterministic_seeded in op.tags or any(o in self._unfoldable for o in c.outputs):
+            return False
+        return all(isinstance(self._plan.values[o], pf.TensorDef) for o in c.outputs)
+
+    def _folded(self, k: int, ins: pf.InstructionDef, op: Any, call: Callable[[], Any],
+                out_tensors: list[torch.Tensor]) -> Callable[[], Any]:
+        """Runs a foldable instruction once, at load, and keeps its outputs in memory of their own (out of the
+        arena, whose bytes later instructions reuse); the instruction still runs each time as a no-op, so a
+        tracer logs its outputs as before. A dequantized int8 weight is computed once instead of every run."""
+        key = self._fold_key(ins)
+        kept = self._program._folded.get(key) if key is not None else None
+        if kept is None or [(t.shape, t.stride(), t.dtype) for t in kept] != \
+                [(t.shape, t.stride(), t.dtype) for t in out_tensors]:
+            try:
+                call()
+            except Exception as e:
+                raise self._kernel_error(k, ins, op, e) from None
+            kept = [t.clone(memory_format=torch.preserve_format) for t in out_tensors]
+            if key is not None:
+                self._program._folded[key] = kept
+        for o, t in zip(ins.call.outputs, kept, strict=True):
+            self._slots[o] = t
+            self._constant_ids.add(o)
+        return _noop
+
+    def _fold_key(self, ins: pf.InstructionDef) -> tuple | None:
+        """What identifies a folded result across the program's methods (a dequantized weight read by the
+        prefill and the decode method is kept once): the op and its arguments, tensors by their place in the
+        constant segment; None when an argument is itself a folded value."""
+        c = ins.call
+        opdef = self._plan.operators[c.op_index]
+        parts: list[Any] = [opdef.name, opdef.overload]
+        for a in c.args:
+            v = self._plan.values[a]
+            if isinstance(v, pf.TensorDef):
+                if v.placement != pf.PLACEMENT_CONSTANT:
+                    return None
+                parts.append(("c", v.constant_index, v.scalar_type, tuple(v.sizes), tuple(v.strides),
+                              v.storage_offset))
+            elif isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)):
+                return None
+            else:
+                parts.append(repr(self._slots[a]))
+        return tuple(parts)
 
     def _compile_view(self, k: int, ins: pf.InstructionDef, op: Any, pos: list, kw: dict) -> None:
         """Evaluates a view once (its output aliases fixed storage); a dynamic method re-runs it every call."""
@@ -543,6 +618,10 @@ class Method:
     def __repr__(self) -> str:
         return (f"Method({self.name!r}, inputs={self._meta.input_names}, instructions={len(self._calls)}, "
                 f"arena={self._plan.arena_size} bytes)")
+
+
+def _noop() -> None:
+    """A folded instruction at run time: its outputs were computed at load."""
 
 
 def _allocate_arena(plan: pf.PlanDef) -> torch.Tensor:

@@ -206,7 +206,50 @@ _DIRECT_FUNCTIONAL: dict[Any, Callable[[list, dict, torch.Tensor], Callable[[], 
 }
 
 
+# -- PT2E's per-tensor quantize / dequantize ---------------------------------------------------------------------
+# ``quantized_decomposed`` implements them in Python, one temporary per step (quantize: five). The same steps in
+# the same order, in place on one temporary (quantize) or on the planned slot (dequantize), give bitwise the same
+# values (tests/runtime/test_fast_kernels).
+
+
+def _scalars(scale: Any, zero_point: Any) -> bool:
+    return isinstance(scale, (int, float)) and not isinstance(scale, bool) and isinstance(zero_point, int)
+
+
+def _quantize_per_tensor(pos: list, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
+    """``clamp(round(x * (1 / scale)) + zero_point, qmin, qmax).to(dtype)``."""
+    x, scale, zero_point, qmin, qmax, dtype = pos
+    if (kw or not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or dst.dtype != dtype
+            or x.shape != dst.shape or not _scalars(scale, zero_point) or scale == 0):
+        return None
+    inv_scale = 1.0 / scale
+
+    def quantize(x=x, inv_scale=inv_scale, zero_point=zero_point, qmin=qmin, qmax=qmax, dst=dst):
+        t = torch.mul(x, inv_scale)
+        t.round_().add_(zero_point).clamp_(qmin, qmax)
+        dst.copy_(t)
+    return quantize
+
+
+def _dequantize_per_tensor(pos: list, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
+    """``(x.to(out_dtype) - zero_point) * scale``, written into the planned slot."""
+    x, scale, zero_point, _, _, dtype = pos
+    out_dtype = kw.get("out_dtype") or torch.float32
+    if (set(kw) - {"out_dtype"} or not isinstance(x, torch.Tensor) or x.dtype != dtype or dst.dtype != out_dtype
+            or x.shape != dst.shape or not _scalars(scale, zero_point)):
+        return None
+
+    def dequantize(x=x, scale=scale, zero_point=zero_point, dst=dst):
+        dst.copy_(x)
+        dst.sub_(zero_point).mul_(scale)
+    return dequantize
+
+
+_DIRECT_QDQ = {("quantized_decomposed::quantize_per_tensor", "default"): _quantize_per_tensor,
+               ("quantized_decomposed::dequantize_per_tensor", "default"): _dequantize_per_tensor}
+
+
 def direct_functional(op: torch._ops.OpOverload, pos: list, kw: dict, dst: torch.Tensor) -> Callable[[], Any] | None:
     """A call writing ``op(*pos, **kw)`` straight into ``dst`` (no temporary), or None."""
-    make = _DIRECT_FUNCTIONAL.get(op)
+    make = _DIRECT_FUNCTIONAL.get(op) or _DIRECT_QDQ.get((op._schema.name, op._overloadname))
     return make(pos, kw, dst) if make is not None else None

@@ -42,6 +42,7 @@ class Program:
         self._methods: dict[str, Method] = {}
         self._plans = {p.name: p for p in loaded.program.plans}
         self._buffers: dict[str, tuple[torch.Tensor, pf.MutableBufferDef]] = {}
+        self._folded: dict[tuple, list[torch.Tensor]] = {}  # constant-only results shared by methods (Method)
         self._tracer = None
         if enable_etdump or debug_buffer_size or debug_buffer_path:
             from edgetorch.runtime.tracing import ProgramTracer  # only paid for when asked
