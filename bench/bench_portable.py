@@ -1,11 +1,13 @@
 """Portable runtime latency against eager PyTorch on the zoo models (issue 13: portable <= 1.0x eager).
 
-Usage: python bench/bench_portable.py [--models mobilenet_v2 resnet18 ...] [--runs N] [--threads 1 2]
+Usage: python bench/bench_portable.py [--models mobilenet_v2 resnet18 ...] [--runs N] [--threads 1 2] [--int8]
 
 Per model, in one process: export -> to_edge -> to_executorch, load the program, then time
 ``Method.execute`` and the eager model round-robin (a, b, a, b, ...), at 1 thread pinned to one core and at the
 default thread count (all cores). Prints the median of each, the ratio of medians and the range of the
 per-pair ratios (25th-75th percentile), so a noisy machine shows as a wide range rather than a wrong figure.
+``--int8``: the program is the static per-channel INT8 recipe's (``PortableRecipeType.INT8_STATIC_PER_CHANNEL``,
+calibrated on the example input and 7 seeded random ones), still against the float eager model.
 """
 
 from __future__ import annotations
@@ -59,13 +61,27 @@ def _runs_for(seconds_per_call: float, budget: float, runs: int | None) -> int:
     return int(max(15, min(400, budget / max(seconds_per_call, 1e-6))))
 
 
-def bench_model(name: str, thread_counts: list[int], runs: int | None, budget: float, tmp: str) -> list[str]:
+def _int8_program(model: torch.nn.Module, inputs: tuple, path: str) -> None:
+    from edgetorch.export import ExportRecipe, PortableRecipeType, export
+
+    g = torch.Generator().manual_seed(1)
+    calib = [inputs] + [tuple(torch.randn(x.shape, generator=g) if x.is_floating_point() else x for x in inputs)
+                        for _ in range(7)]
+    with open(path, "wb") as f:
+        f.write(export(model, calib, ExportRecipe.get_recipe(PortableRecipeType.INT8_STATIC_PER_CHANNEL))
+                .get_pte_buffer())
+
+
+def bench_model(name: str, thread_counts: list[int], runs: int | None, budget: float, tmp: str,
+                int8: bool = False) -> list[str]:
     spec = get_spec(name)
-    model = spec.build()
+    model = spec.build().eval()
     inputs = spec.example_inputs()["forward"]
-    ep = torch.export.export(model, inputs)
     path = os.path.join(tmp, f"{name}.pte")
-    to_edge(ep).to_executorch().save(path)
+    if int8:
+        _int8_program(model, inputs, path)
+    else:
+        to_edge(torch.export.export(model, inputs)).to_executorch().save(path)
     method = Runtime.get().load_program(path).load_method("forward")
     lines = []
     for n_threads in thread_counts:
@@ -74,7 +90,7 @@ def bench_model(name: str, thread_counts: list[int], runs: int | None, budget: f
             model(*inputs)
             n = _runs_for(time.perf_counter() - t0, budget, runs)
             r = paired(lambda: method.execute(*inputs), lambda: model(*inputs), n)
-        lines.append(f"| {name} | {n_threads} | {1000 * r['a']:.3f} | {1000 * r['b']:.3f} | "
+        lines.append(f"| {name}{' INT8' if int8 else ''} | {n_threads} | {1000 * r['a']:.3f} | {1000 * r['b']:.3f} | "
                      f"{r['a'] / r['b']:.3f} | {r['lo']:.2f}-{r['hi']:.2f} | {n} |")
     return lines
 
@@ -85,6 +101,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=None, help="pairs per setting (default: fit --budget)")
     ap.add_argument("--budget", type=float, default=6.0, help="seconds of eager time per setting")
     ap.add_argument("--threads", type=int, nargs="+", default=None, help="default: 1 and torch's default")
+    ap.add_argument("--int8", action="store_true", help="time the static per-channel INT8 program instead")
     args = ap.parse_args()
     default = torch.get_num_threads()
     threads = args.threads or ([1] if default == 1 else [1, default])
@@ -92,7 +109,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            for line in bench_model(name, threads, args.runs, args.budget, tmp):
+            for line in bench_model(name, threads, args.runs, args.budget, tmp, args.int8):
                 print(line, flush=True)
 
 

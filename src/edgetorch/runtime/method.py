@@ -309,7 +309,7 @@ class Method:
             return False
         if torch.Tag.nondeterministic_seeded in op.tags or any(o in self._unfoldable for o in c.outputs):
             return False
-        return all(isinstance(self._plan.values[o], pf.TensorDef) for o in c.outputs)
+        return bool(c.outputs) and all(isinstance(self._plan.values[o], pf.TensorDef) for o in c.outputs)
 
     def _folded(self, k: int, ins: pf.InstructionDef, op: Any, call: Callable[[], Any],
                 out_tensors: list[torch.Tensor]) -> Callable[[], Any]:
