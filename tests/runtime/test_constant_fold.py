@@ -54,6 +54,17 @@ def test_dequantized_weights_are_computed_once_and_equal_numpy(int8) -> None:  #
     assert all(m._calls[k] is not _noop for k in _ops(m, "quantized_decomposed::quantize_per_tensor"))
 
 
+def test_folding_can_be_turned_off(int8) -> None:  # noqa: ANN001
+    session, samples = int8
+    folded = Runtime.get().load_program(session.get_pte_buffer()).load_method("forward")
+    plain = Runtime.get().load_program(session.get_pte_buffer(), fold_constants=False).load_method("forward")
+    assert all(plain._calls[k] is not _noop for k in _ops(plain, "quantized_decomposed::dequantize_per_channel"))
+    for x in samples:
+        assert torch.equal(plain.execute(*x)[0], folded.execute(*x)[0])  # bitwise: the same op, run once
+    with pytest.raises(TypeError, match="fold_constants must be True or False, got 'no'"):
+        Runtime.get().load_program(session.get_pte_buffer(), fold_constants="no")
+
+
 def test_outputs_match_the_quantized_program_run_eagerly(int8) -> None:  # noqa: ANN001
     session, samples = int8
     m = Runtime.get().load_program(session.get_pte_buffer()).load_method("forward")

@@ -305,7 +305,9 @@ class Method:
                 tensors.append(a)
             elif isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)):  # e.g. index's indices
                 tensors += [j for j in v.items if j >= 0]
-        if not tensors or not all(a in self._constant_ids for a in tensors) or self._shapes is not None:
+        if not self._program._fold_constants or self._shapes is not None:
+            return False
+        if not tensors or not all(a in self._constant_ids for a in tensors):
             return False
         if torch.Tag.nondeterministic_seeded in op.tags or any(o in self._unfoldable for o in c.outputs):
             return False

@@ -37,8 +37,9 @@ class Program:
     """A loaded program; ``load_method(name)`` prepares a method for execution."""
 
     def __init__(self, loaded: LoadedFile, enable_etdump: bool = False, debug_buffer_size: Any = 0,
-                 debug_buffer_path: str | None = None) -> None:
+                 debug_buffer_path: str | None = None, fold_constants: bool = True) -> None:
         self._loaded = loaded
+        self._fold_constants = fold_constants
         self._methods: dict[str, Method] = {}
         self._plans = {p.name: p for p in loaded.program.plans}
         self._buffers: dict[str, tuple[torch.Tensor, pf.MutableBufferDef]] = {}
@@ -159,17 +160,22 @@ class Runtime:
 
     def load_program(self, data: Any, *, verification: Verification = Verification.InternalConsistency,
                      enable_etdump: bool = False, debug_buffer_size: int | str = 0,
-                     debug_buffer_path: str | None = None) -> Program:
+                     debug_buffer_path: str | None = None, fold_constants: bool = True) -> Program:
         """Loads a program from a path, bytes or binary file object.
 
         ``enable_etdump`` records a profile event per instruction; ``debug_buffer_size`` (bytes, or "auto" for
         the exact size one run needs) also records every intermediate output; ``debug_buffer_path`` streams
-        intermediates to a file with no size limit.
+        intermediates to a file with no size limit. ``fold_constants`` (default True): an instruction of
+        constants only (a quantized program's dequantized int8 weight) runs once when its method loads and its
+        result stays resident (see ``runtime.method``); False computes it every run and keeps only the int8
+        bytes.
         """
         if not isinstance(verification, Verification):
             raise TypeError(f"verification must be a Verification, got {verification!r}")
+        if not isinstance(fold_constants, bool):
+            raise TypeError(f"fold_constants must be True or False, got {fold_constants!r}")
         buffer, path = read_data(data)
         from edgetorch.runtime.bundled import unwrap_bundled  # .bpte files embed a .pte
         buffer = unwrap_bundled(buffer, path)
         loaded = parse(buffer, path, verification != Verification.Minimal, verification == Verification.Full)
-        return Program(loaded, enable_etdump, debug_buffer_size, debug_buffer_path)
+        return Program(loaded, enable_etdump, debug_buffer_size, debug_buffer_path, fold_constants)
