@@ -142,3 +142,22 @@ def test_a_float_program_without_a_float_reference_is_a_clear_error(artifacts, t
     r = cli("inspect", "--etdump", etdump, "--etrecord", artifacts.etrecord, "--debug-buffer", debug, "--gap",
             "--reference-graph", "float")
     assert r.returncode == 2 and "no float program" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_ort_int8_delegate_says_how_much_exposing_its_values_changed_it(tmp_path) -> None:  # noqa: ANN001
+    """Inside an ONNX Runtime INT8 delegate the rows come from the exposing session: the table says how far its
+    outputs were from the plain session's (the observer effect), in the terminal and the report."""
+    from edgetorch.export import OrtRecipeType
+
+    samples = conv_samples(2)
+    session = export(TinyConvNet().eval(), samples, ExportRecipe.get_recipe(OrtRecipeType.INT8_STATIC_PER_CHANNEL),
+                     generate_etrecord=True)
+    rec, etdump, debug = record_debug_runs(session.get_executorch_program_manager(), samples, str(tmp_path))[0]
+    report = tmp_path / "r.html"
+    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap",
+            "--reference-graph", "float", "--report", str(report))
+    assert r.returncode == 0, r.stderr[-3000:]
+    effect = Inspector(etdump_path=etdump, etrecord=rec, debug_buffer_path=debug).observer_effect
+    assert effect is not None  # a quantized delegate's first debug run measures it ("auto")
+    assert f"observer effect {effect:.3g} relative" in r.stdout
+    assert f"observer effect {effect:.3g} relative" in report.read_text()

@@ -205,6 +205,8 @@ def _main(args: argparse.Namespace) -> int:
                 summary = {"ETDump": args.etdump, "ETRecord": args.etrecord or "", "method": method}
                 if quant_df is not None:
                     summary["reference"] = "the float model (graph_map['float/" + method + "'])"
+                    if inspector.observer_effect is not None:
+                        summary["observer effect"] = observer_effect_line(inspector.observer_effect)
                 if gap_df is not None and inspector.last_gap_coverage is not None:
                     summary["coverage"] = inspector.last_gap_coverage.summary()
                 write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
@@ -260,6 +262,8 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
     print_worst_layers(console, df, ranked)
     if args.impact:
         print_output_impact(console, df, args.worst)
+    if inspector.observer_effect is not None:  # a delegate's values came from its exposing session
+        console.print(observer_effect_line(inspector.observer_effect), highlight=False, markup=False)
     return df
 
 
