@@ -218,7 +218,7 @@ def _read(reads: tuple[_Read, ...], rt: dict[int, list[torch.Tensor]]) -> tuple[
         if t is None:
             continue
         if r.scale is not None:  # the same float32 arithmetic as (t - zero_point) * scale, one buffer
-            t = torch.sub(t.to(torch.float32), r.zero_point).mul_(r.scale)
+            t = t.to(torch.float32, copy=True).sub_(r.zero_point).mul_(r.scale)
         if t.is_floating_point():
             return t, r.node
     return None
