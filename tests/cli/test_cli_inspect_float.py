@@ -68,7 +68,7 @@ def test_the_printed_exclusions_keep_the_worst_layers_float(files, tmp_path) -> 
     assert r.returncode == 0, r.stderr[-3000:]
     options = {k: ast.literal_eval(v) for k, v in re.findall(r"(quant_exclude_\w+)=(\[[^\]]*\])", r.stdout)}
     assert options.get("quant_exclude_nodes")  # conv/linear/relu layers are kept by node
-    assert options.get("quant_exclude_activations") == ["flatten"]  # the head's input, quantized for the linear
+    assert "flatten" in options.get("quant_exclude_activations", [])  # the head's input, quantized for the linear
     samples = conv_samples(3)
     session = export(TinyConvNet().eval(), samples, ExportRecipe.get_recipe(
         PortableRecipeType.INT8_STATIC_PER_CHANNEL, **options), generate_etrecord=True)
@@ -161,3 +161,28 @@ def test_an_ort_int8_delegate_says_how_much_exposing_its_values_changed_it(tmp_p
     assert effect is not None  # a quantized delegate's first debug run measures it ("auto")
     assert f"observer effect {effect:.3g} relative" in r.stdout
     assert f"observer effect {effect:.3g} relative" in report.read_text()
+
+
+def test_each_layers_exclusions_alone_keep_it_float(files, tmp_path) -> None:  # noqa: ANN001
+    """One worst layer at a time: its printed exclusions keep that row float. A relu fused into a conv needs the
+    conv kept too (excluding the relu alone leaves the pattern's output quantized)."""
+    from edgetorch.cli._quant_table import exclusions
+    from edgetorch.devtools.inspector.float_reference import float_graph
+
+    _, (rec, etdump, debug) = files
+    inspector = Inspector(etdump_path=etdump, etrecord=rec, debug_buffer_path=debug)
+    table = inspector.calculate_numeric_gap("MSE", reference_graph="float")
+    fgm = float_graph(inspector)
+    relu = table[[ops[0] == "relu" for ops in table["aot_ops"]]]
+    assert exclusions(relu, fgm) == (["conv2d", "relu"], ["relu"])  # its output: the next conv's input
+    samples = conv_samples(3)
+    for k, (_, row) in enumerate(table[table["local_sqnr_db"] < math.inf].iterrows()):
+        nodes, values = exclusions(table.loc[[row.name]], fgm)
+        session = export(TinyConvNet().eval(), samples, ExportRecipe.get_recipe(
+            PortableRecipeType.INT8_STATIC_PER_CHANNEL, quant_exclude_nodes=nodes, quant_exclude_activations=values),
+            generate_etrecord=True)
+        paths, _ = record_debug_runs(session.get_executorch_program_manager(), samples, str(tmp_path / str(k)))
+        after = Inspector(etdump_path=paths[1], etrecord=paths[0], debug_buffer_path=paths[2]).calculate_numeric_gap(
+            "MSE", reference_graph="float")
+        same = after[[ops[0] == row["aot_ops"][0] for ops in after["aot_ops"]]]
+        assert (same["local_sqnr_db"] == math.inf).all(), (row["aot_ops"], nodes, values)

@@ -67,7 +67,7 @@ def print_quant_table(console: Console, df: Any, title: str, rows: int, worst: s
         console.print(f"... {len(df) - rows} more rows (--rows 0 shows all)", highlight=False, markup=False)
 
 
-def print_worst_layers(console: Console, df: Any, ranked: Any) -> None:
+def print_worst_layers(console: Console, df: Any, ranked: Any, fgm: Any) -> None:
     """One line per worst layer (lowest local SQNR first), with the module and the weight's own error."""
     samples = df.attrs.get("samples")
     if ranked is None or ranked.empty:
@@ -82,7 +82,7 @@ def print_worst_layers(console: Console, df: Any, ranked: Any) -> None:
         console.print(f"  {rank}. #{pos[label]} {ops_text(row['aot_ops'], 60)}{module}: local SQNR "
                       f"{db(row['local_sqnr_db'])} dB, accumulated {db(row['sqnr_db'])} dB"
                       + (f", weight {weight} dB" if weight else ""), highlight=False, markup=False)
-    nodes, values = exclusions(ranked)
+    nodes, values = exclusions(ranked, fgm)
     options = ", ".join(f"{k}={v!r}" for k, v in (("quant_exclude_nodes", nodes),
                                                   ("quant_exclude_activations", values)) if v)
     console.print(f"to keep them in float: the recipe options {options} (or let "
@@ -90,19 +90,29 @@ def print_worst_layers(console: Console, df: Any, ranked: Any) -> None:
                   markup=False)
 
 
-def exclusions(ranked: Any) -> tuple[list[str], list[str]]:
-    """The recipe exclusions that keep the ranked rows float: an op the quantizer annotates (conv, linear, add,
-    ...) by node name; any other op's output value (a reshape whose output the next linear quantizes) by value
-    name."""
-    from edgetorch.export.quantizer import ANNOTATED_OPS
+def exclusions(ranked: Any, fgm: Any) -> tuple[list[str], list[str]]:
+    """The recipe exclusions that keep the ranked rows float (``fgm``: the float graph). The op, when the
+    quantizer annotates it, by node name (a fused relu/hardtanh with its conv/linear:
+    ``quant_fallback.annotated_layer_nodes``); and the row's output value when it is quantized (``output_scale``:
+    by the op's pattern or as the next op's input), by value name."""
+    from edgetorch.devtools.quant_fallback import annotated_layer_nodes
 
-    annotated = {str(op) for op in ANNOTATED_OPS}
+    by_name = {n.name: n for n in fgm.graph.nodes}
     nodes, values = [], []
     for _, row in ranked.iterrows():
         ops = row["aot_ops"]
-        if isinstance(ops, (list, tuple)) and ops:
-            (nodes if str(row.get("float_op")) in annotated else values).append(str(ops[0]))
+        if not isinstance(ops, (list, tuple)) or not ops:
+            continue
+        node = by_name.get(str(ops[0]))
+        names = annotated_layer_nodes(node) if node is not None else None
+        nodes += [n for n in names or () if n not in nodes]
+        if names is None or not _missing(row.get("output_scale")):
+            values += [str(ops[-1])] if str(ops[-1]) not in values else []
     return nodes, values
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def print_output_impact(console: Console, df: Any, top: int) -> None:

@@ -239,7 +239,11 @@ def _quant_tsv(df: Any) -> bytes:
 def _float_table(inspector: Any, args: argparse.Namespace, method: str, console: Any, steps: Any) -> Any:
     """Computes and prints the per-layer table against the float model and its worst layers."""
     from edgetorch.cli._quant_table import print_output_impact, print_quant_table, print_worst_layers
-    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits, with_output_impact
+    from edgetorch.devtools.inspector.float_reference import (
+        float_graph,
+        rank_quantization_culprits,
+        with_output_impact,
+    )
     from edgetorch.errors import EdgeTorchError
 
     try:
@@ -259,7 +263,7 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
     print_quant_table(console, df, f"quantization error per float op of '{method}' against the float model, graph "
                       f"order ({df.attrs.get('samples')} sample(s); * worst)", args.rows,
                       {pos[i] for i in ranked.index})
-    print_worst_layers(console, df, ranked)
+    print_worst_layers(console, df, ranked, float_graph(inspector, method))
     if args.impact:
         print_output_impact(console, df, args.worst)
     if inspector.observer_effect is not None:  # a delegate's values came from its exposing session

@@ -36,15 +36,15 @@ import pandas as pd
 import torch
 import torch.utils._pytree as pytree
 
-from edgetorch.devtools.inspector.float_reference import annotated_consumers
+from edgetorch.devtools.inspector.float_reference import annotated_consumers, float_graph
 from edgetorch.errors import InspectorError
 from edgetorch.export import ExportRecipe, export
 from edgetorch.export.quantizer import _BIAS_CORRECTIONS_KEY, ANNOTATED_OPS, FUSED_ACTIVATION_OPS, WEIGHTED_OPS
 from edgetorch.export.recipe import RecipeType
 
-__all__ = ["FallbackReport", "QuantizedRun", "coarsen_weight", "cosine_to_float", "fp32_recipe_of",
-           "inspect_quantized", "layer_nodes", "quantize_pt2e_program", "rank_layers", "run_latency_ms",
-           "selective_fallback", "Block", "simulate_blocks"]
+__all__ = ["FallbackReport", "QuantizedRun", "annotated_layer_nodes", "coarsen_weight", "cosine_to_float",
+           "fp32_recipe_of", "inspect_quantized", "layer_nodes", "quantize_pt2e_program", "rank_layers",
+           "run_latency_ms", "selective_fallback", "Block", "simulate_blocks"]
 
 _BATCH_NORMS = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}
 _BLOCK_OPS = WEIGHTED_OPS | {torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor}
@@ -197,21 +197,28 @@ def layer_nodes(run: QuantizedRun, row: pd.Series) -> list[str]:
     """The float node names to keep in float for one culprit row: its op when the quantizer annotates it (with
     the conv/linear whose output a fused relu/hardtanh row quantizes); for an op the quantizer leaves alone
     (layer norm, view, dropout, ...), whose output is quantized as the input of its consumers, those consumers."""
-    fgm = run.inspector.etrecord.graph_map[f"float/{run.table.attrs.get('method', 'forward')}"].graph_module
+    fgm = float_graph(run.inspector, run.table.attrs.get("method", "forward"))
     node = next((n for n in fgm.graph.nodes if n.name == row["aot_ops"][0]), None)
     if node is None:
         return [row["aot_ops"][0]]
+    names = annotated_layer_nodes(node)
+    return names if names is not None else [u.name for u in annotated_consumers(node)]
+
+
+def annotated_layer_nodes(node: torch.fx.Node) -> list[str] | None:
+    """The node names that keep an op the quantizer annotates in float (``quant_exclude_nodes``): the op, and for
+    a fused relu/hardtanh also the conv/linear it is fused into (a batch norm between them was folded into the
+    conv at prepare time): excluding the activation alone leaves the pattern's output quantized. None when the
+    quantizer does not annotate ``node``."""
     if node.target in FUSED_ACTIVATION_OPS:
         producer = node.args[0] if node.args else None
         while isinstance(producer, torch.fx.Node) and producer.target in _BATCH_NORMS \
-                and len(producer.users) == 1:  # a batch norm folded into the conv at prepare time
+                and len(producer.users) == 1:
             producer = producer.args[0]
         if isinstance(producer, torch.fx.Node) and producer.target in WEIGHTED_OPS and len(producer.users) == 1:
             return [producer.name, node.name]
         return [node.name]
-    if node.target in ANNOTATED_OPS:
-        return [node.name]
-    return [u.name for u in annotated_consumers(node)]
+    return [node.name] if node.target in ANNOTATED_OPS else None
 
 
 def rank_layers(run: QuantizedRun, ranking: str = "simulate", steps: int = 3) -> pd.DataFrame:

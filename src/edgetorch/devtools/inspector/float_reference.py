@@ -46,8 +46,8 @@ from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.export.quantizer import ANNOTATED_OPS, float_handle, module_paths
 
-__all__ = ["FLOAT_GRAPH", "float_numeric_gap", "output_impact", "rank_quantization_culprits", "simulate_fallback",
-           "with_output_impact"]
+__all__ = ["FLOAT_GRAPH", "float_graph", "float_numeric_gap", "output_impact", "rank_quantization_culprits",
+           "simulate_fallback", "with_output_impact"]
 
 #: the ``reference_graph`` name of the float model
 FLOAT_GRAPH = "float"
@@ -598,6 +598,11 @@ def _prepared(inspector: Any, method: str) -> _Prepared:
                                   _input_plans(qgm, last, runner.placeholders), {h: i for i, h in enumerate(last)},
                                   {}, {})
     return cache[method]
+
+
+def float_graph(inspector: Any, method: str | None = None) -> torch.fx.GraphModule:
+    """The float program's graph of ``method`` as the float-reference table runs it (built once per Inspector)."""
+    return _prepared(inspector, _default_method(inspector, method)).fgm
 
 
 def _drop_float_values(inspector: Any) -> None:

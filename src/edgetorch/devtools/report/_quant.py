@@ -9,7 +9,6 @@ gives the table with the weight and RMSE/scale columns.
 
 from __future__ import annotations
 
-import html
 import math
 from typing import Any
 
@@ -17,13 +16,11 @@ import pandas as pd
 
 from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
 
+from ._charts import _e
+
 QUANT_COLUMNS = ("sqnr_db", "local_sqnr_db", "quantized")  # what makes a table a float-reference table
 _CELLS = (("sqnr_db", "SQNR dB"), ("local_sqnr_db", "local SQNR dB"), ("rmse_over_scale", "RMSE / scale"),
           ("weight_sqnr_db", "weight SQNR dB"), ("output_impact", "output impact"), ("samples", "samples"))
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x))
 
 
 def _db(v: Any) -> float | None:
