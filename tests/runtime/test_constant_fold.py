@@ -180,3 +180,31 @@ def test_methods_share_a_folded_value_of_the_same_constants() -> None:
     with torch.no_grad():
         assert torch.equal(methods[0].execute(x)[0], a(x)) and torch.equal(methods[1].execute(x)[0], b(x))
     assert folded[0] is folded[1]  # the emitter stores the shared weight once; its float copy is kept once
+
+
+def test_a_folded_instruction_that_fails_at_load_names_it(int8, monkeypatch) -> None:  # noqa: ANN001
+    """Folding runs the instruction when the method loads: its failure is a KernelError naming the instruction
+    and op there, as it would have been at the first run."""
+    import edgetorch.runtime.method as method_module
+    from edgetorch.errors import KernelError
+
+    session, _ = int8
+    real = method_module.resolve_operator
+
+    class Broken:
+        def __init__(self, op) -> None:  # noqa: ANN001
+            self._schema, self.tags, self._overloadname = op._schema, op.tags, op._overloadname
+
+        def _op(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            raise RuntimeError("planted failure")
+
+        def __str__(self) -> str:
+            return "quantized_decomposed.dequantize_per_channel.default"
+
+    def resolve(name: str, overload: str):  # noqa: ANN202
+        op = real(name, overload)
+        return Broken(op) if name == "quantized_decomposed::dequantize_per_channel" else op
+
+    monkeypatch.setattr(method_module, "resolve_operator", resolve)
+    with pytest.raises(KernelError, match=r"instruction \d+ .*dequantize_per_channel.*planted failure"):
+        Runtime.get().load_program(session.get_pte_buffer()).load_method("forward")
