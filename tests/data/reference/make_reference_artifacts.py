@@ -1,0 +1,143 @@
+"""Makes the reference ExecuTorch artifacts that edgetorch's readers are tested on (issue 26).
+
+Run it with a separate virtual environment holding the pinned reference (never a dependency of edgetorch):
+
+    python3 -m venv /tmp/refvenv
+    /tmp/refvenv/bin/pip install torch==2.13.0 torchao==0.18.0 ruamel.yaml==0.19.1 PyYAML==6.0.4 \
+        tabulate==0.10.0 numpy pandas flatbuffers
+    /tmp/refvenv/bin/pip install --no-deps executorch==1.5.1
+    /tmp/refvenv/bin/python tests/data/reference/make_reference_artifacts.py [OUT_DIR]
+
+Per model and backend (``<name>`` = ``<model>_<backend>``) it writes to OUT_DIR (default: this folder):
+``<name>.pte`` (the reference's exporter), ``<name>.etdp`` + ``<name>_debug.bin`` (one run of the reference's
+Python runtime with ETDump and a debug buffer, so intermediate outputs are logged), ``<name>_etrecord.bin`` (the
+reference's ETRecord, with representative inputs and reference outputs) and ``<name>_gaps.json``: the reference
+Inspector's own ``calculate_numeric_gap`` tables (MSE and L1: handles, op names, gaps) and its event names, the
+figures edgetorch's Inspector is compared against. Models are tiny (fixed seeds) so the files stay small.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+MODELS_SEED = 26
+
+
+class TinyMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(self.relu(self.fc2(self.relu(self.fc1(x)))))
+
+
+class TinyCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.pool, self.relu = nn.MaxPool2d(2), nn.ReLU()
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.relu(self.bn1(self.conv1(x))))
+        x = self.relu(self.conv2(x))
+        x = torch.mean(x, dim=(2, 3))
+        return self.fc(x)
+
+
+def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(MODELS_SEED)
+    if name == "mlp":
+        return TinyMLP().eval(), (torch.randn(2, 16),)
+    m = TinyCNN()
+    with torch.no_grad():  # non-trivial batch-norm statistics
+        m.bn1.running_mean.uniform_(-0.5, 0.5)
+        m.bn1.running_var.uniform_(0.5, 2.0)
+    return m.eval(), (torch.randn(1, 3, 16, 16),)
+
+
+def _jsonable(x):
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and x != x:
+        return "nan"
+    if isinstance(x, float) and x in (float("inf"), float("-inf")):
+        return str(x)
+    return x
+
+
+def gap_rows(df) -> list[dict]:
+    return [{"aot_debug_handle": list(r["aot_debug_handle"]), "aot_ops": list(r["aot_ops"]),
+             "runtime_ops": list(r["runtime_ops"]), "runtime_debug_handle": list(r["runtime_debug_handle"]),
+             "gap": _jsonable(r["gap"])} for _, r in df.iterrows()]
+
+
+def make(model_name: str, backend: str, out: str) -> None:
+    from executorch.devtools import Inspector
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model, inputs = build(model_name)
+    name = f"{model_name}_{backend}"
+    partitioner = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
+    aten = torch.export.export(model, inputs)
+    edge = to_edge_transform_and_lower(aten, partitioner=partitioner, generate_etrecord=True)
+    et = edge.to_executorch()
+    pte = os.path.join(out, f"{name}.pte")
+    with open(pte, "wb") as f:
+        f.write(et.buffer)
+    etrecord = et.get_etrecord()
+    etrecord.update_representative_inputs([inputs])
+    with torch.no_grad():
+        expected = model(*inputs)
+    etrecord.update_reference_outputs({"forward": [[expected]]})
+    etrecord_path = os.path.join(out, f"{name}_etrecord.bin")
+    etrecord.save(etrecord_path)
+
+    program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=64 << 10)
+    (result,) = program.load_method("forward").execute(list(inputs))
+    etdp, dbg = os.path.join(out, f"{name}.etdp"), os.path.join(out, f"{name}_debug.bin")
+    program.write_etdump_result_to_file(etdp, dbg)
+
+    inspector = Inspector(etdump_path=etdp, etrecord=etrecord_path, debug_buffer_path=dbg)
+    tables = {metric: gap_rows(inspector.calculate_numeric_gap(metric)) for metric in ("MSE", "L1")}
+    events = [[b.name, e.name, e.debug_handles if not isinstance(e.debug_handles, tuple) else
+               list(e.debug_handles), e.is_delegated_op, e.delegate_backend_name]
+              for b in inspector.event_blocks for e in b.events]
+    with open(os.path.join(out, f"{name}_gaps.json"), "w") as f:
+        json.dump({"model": model_name, "backend": backend, "executorch": _version(),
+                   "output_max_abs_diff": float((result - expected).abs().max()),
+                   "gaps": tables, "events": _jsonable(events)}, f, indent=1)
+    print(name, {k: len(v) for k, v in tables.items()}, "rows")
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("executorch")
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    os.makedirs(out, exist_ok=True)
+    for model_name in ("mlp", "cnn"):
+        for backend in ("portable", "xnnpack"):
+            make(model_name, backend, out)
+
+
+if __name__ == "__main__":
+    main()
