@@ -8,6 +8,8 @@ import tempfile
 import pytest
 import torch
 
+pytest_plugins = ["tests._memory_guard"]  # the suite's memory bound: growth guard + large-model isolation
+
 _PRIVATE_TMP = tempfile.mkdtemp(prefix="edgetorch-tests-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_PRIVATE_TMP, "inductor"))
 

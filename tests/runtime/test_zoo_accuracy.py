@@ -12,7 +12,9 @@ from edgetorch.runtime import Runtime
 from tests.conftest import max_rel_err
 
 FAST = [n for n in list_models() if not get_spec(n).slow]
-SLOW = [n for n in list_models() if get_spec(n).slow]
+# llama_1b (4.4 GB of fp32 weights, its program as much again) runs in a process of its own (tests/_memory_guard.py)
+SLOW = [pytest.param(n, marks=pytest.mark.large_model(max_rss_gb=12)) if n == "llama_1b" else n
+        for n in list_models() if get_spec(n).slow]
 
 
 def _check(name: str) -> None:
