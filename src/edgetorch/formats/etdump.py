@@ -55,8 +55,10 @@ def is_input_event(d: DebugEvent) -> bool:
     return (d.instruction_id == INPUT_INSTRUCTION_ID and not d.debug_entry.output
             and d.name.startswith(INPUT_EVENT_PREFIX))
 
-_KNOWN_IDENTIFIERS = {b"ED00": "an ExecuTorch ETDump (this reader reads edgetorch ETDumps only)",
+_KNOWN_IDENTIFIERS = {b"ED00": "an ExecuTorch ETDump: read it with formats.etdump_executorch.read_any_etdump "
+                               "(as the Inspector and devtools.etdump.read_etdump do)",
                       b"EDTP": "an edgetorch program (.pte)"}
+OPERATOR_CALL = "OPERATOR_CALL"  # the reference's scope around a kernel: its time, never its values
 
 
 class ValueType(enum.IntEnum):
@@ -154,6 +156,8 @@ class ETDump:
     debug_buffer_bytes: int = 0  # size of the debug buffer data the tensors point into
     run_id: str = ""  # hex id of the recording, also in the debug buffer's trailer ("": written before run ids)
     debug_buffer_crc32: int = -1  # CRC-32 of the debug buffer data [0, debug_buffer_bytes) (-1: unknown)
+    producer: str = "edgetorch"  # "executorch": read from the reference's ETDump (formats.etdump_executorch)
+    dropped_allocation_events: int = 0  # allocation events of a reference ETDump (not part of this model)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import torch
 from edgetorch.errors import ArtifactMismatchError, ETDumpFormatError, artifact_io_error
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, contiguous_strides
+from edgetorch.formats.etdump_executorch import read_any_etdump
 
 
 def read_etdump(path: str | os.PathLike) -> ed.ETDump:
@@ -29,7 +30,7 @@ def read_etdump(path: str | os.PathLike) -> ed.ETDump:
             data = f.read()
     except OSError as e:
         raise artifact_io_error(e, "ETDump file", str(path)) from None
-    return ed.deserialize_etdump(data, path)
+    return read_any_etdump(data, path)  # edgetorch's or the reference's
 
 
 class DebugBuffer:

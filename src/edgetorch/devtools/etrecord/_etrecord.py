@@ -13,6 +13,7 @@ from torch.export import ExportedProgram
 
 from edgetorch._fileio import atomic_write
 from edgetorch.devtools.etrecord import _archive as ar
+from edgetorch.devtools.etrecord import _executorch
 from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_program, reference_from_program
 from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
 from edgetorch.errors import ETRecordError, MethodNotFoundError
@@ -83,6 +84,11 @@ class ETRecord:
     """
 
     _ROLES = ("aten", "edge", "graph_map")  #: the program dicts: ATen, edge, extra graphs
+    #: "executorch" for a record the reference's exporter wrote (read by ``_executorch``), which also sets
+    #: ``num_outputs`` ({method: {delegate call instruction: number of outputs}}) and ``export_graph_id``
+    producer: str = "edgetorch"
+    num_outputs: dict[str, dict[int, int]] | None = None
+    export_graph_id: int | None = None
 
     def __init__(self, exported_program: ExportedProgram | None = None,
                  edge_dialect_program: ExportedProgram | dict[str, ExportedProgram] | None = None,
@@ -499,6 +505,12 @@ def parse_etrecord(etrecord_path: PathOrFile) -> ETRecord:
     if not isinstance(etrecord_path, (bytes, bytearray, memoryview)) and not hasattr(etrecord_path, "read"):
         path = os.fspath(etrecord_path)
         source = path
+    if _executorch.is_executorch_etrecord(source):  # the reference's ETRecord, detected by content
+        fields, extra = _executorch.read_executorch_etrecord(source, path)
+        rec = ETRecord(**fields)
+        for k, v in extra.items():
+            setattr(rec, k, v)
+        return rec
     fields, lazy = ar.read_archive(source, path)
     rec = ETRecord(**fields)
     rec._lazy = lazy

@@ -19,6 +19,7 @@ from edgetorch.formats import etdump as ed
 from edgetorch.formats.handles import HandleGroup
 
 FRAMEWORK_EVENTS = {ed.METHOD_EXECUTE, ed.PROGRAM_LOAD_METHOD, ed.METHOD_INIT}
+_NO_VALUES = FRAMEWORK_EVENTS | {ed.OPERATOR_CALL}  # the reference's OPERATOR_CALL times a kernel's instruction
 
 
 class TimeScale(enum.Enum):
@@ -273,7 +274,7 @@ class _Group:
             ev = self.raw[key]
             vals = debug_this_run.get((ev.instruction_id if ev.instruction_id is not None else -1,
                                        ev.delegate_id), [])
-            ev.debug_per_run.append([] if ev.name in FRAMEWORK_EVENTS else vals)
+            ev.debug_per_run.append([] if ev.name in _NO_VALUES else vals)
 
 
 def _event(ev: _RawEvent, inflate: Callable[[ed.Value], Any], factor: float, convert: TimeConverter | None,

@@ -38,6 +38,7 @@ from edgetorch.devtools.inspector.numeric_gap import (
 )
 from edgetorch.errors import ArtifactMismatchError, InspectorError, ObserverEffectWarning
 from edgetorch.formats import etdump as ed
+from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL, HandleGroup
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,9 @@ class Inspector:
                     data = f.read()
             except FileNotFoundError:
                 raise InspectorError(f"ETDump file not found: {path}") from None
-            self._etdump = ed.deserialize_etdump(data, path)
+            self._etdump = read_any_etdump(data, path)
         else:
-            self._etdump = ed.deserialize_etdump(etdump_data)
+            self._etdump = read_any_etdump(etdump_data)
         self._debug_buffer = None
         if debug_buffer_path is not None:
             from edgetorch.devtools.etdump import DebugBuffer
@@ -87,6 +88,7 @@ class Inspector:
             log.warning("the ETDump logged intermediate tensors but no debug_buffer_path was given: "
                         "debug_data will hold None and calculate_numeric_gap is unavailable")
         self._etrecord = self._load_etrecord(etrecord)
+        _trim_reference_delegate_inputs(self._etdump, self._etrecord)
         self._check_hashes()
         self.source_time_scale = source_time_scale
         self.target_time_scale = target_time_scale
@@ -447,6 +449,17 @@ class Inspector:
     def __repr__(self) -> str:
         return (f"Inspector(methods={self.methods}, blocks={len(self.event_blocks)}, "
                 f"etrecord={'yes' if self._etrecord is not None else 'no'})")
+
+
+def _trim_reference_delegate_inputs(etdump: ed.ETDump, etrecord: Any) -> None:
+    """A reference ETDump logs a delegate call's inputs before its outputs: keep the outputs, whose number the
+    reference's ETRecord records (``formats.etdump_executorch.trim_delegate_call_inputs``)."""
+    outs = getattr(etrecord, "num_outputs", None)
+    if etdump.producer == "executorch" and outs:
+        from edgetorch.formats.etdump_executorch import trim_delegate_call_inputs
+
+        for method, per_instruction in outs.items():
+            trim_delegate_call_inputs(etdump, per_instruction, method)
 
 
 def _check_callables(**functions: Any) -> None:

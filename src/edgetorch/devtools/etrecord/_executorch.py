@@ -1,0 +1,388 @@
+"""Reader of the reference ExecuTorch's ETRecord (a zip with an empty ``ETRECORD_V0`` marker entry), turned into
+an edgetorch ``ETRecord`` so the Inspector works on records the reference's exporter wrote.
+
+Entries read: ``debug_handle_map``, ``delegate_map``, ``instruction_id_to_num_outs_map`` (JSON, string instruction
+ids, read into ``HandleGroup``s by ``formats.handles.groups_from_tables``); ``export_graph_id`` (JSON int); the
+ATen program ``exported_program`` and the edge programs ``edge_dialect_exported_program/<method>`` (or the legacy
+single ``edge_dialect_exported_program``) and ``<name>/<method>`` graph-map programs, each four entries: the
+torch.export JSON document plus ``_state_dict``, ``_constants`` and ``_example_inputs``;
+``representative_inputs`` and ``reference_outputs``.
+
+Safety: every binary entry is read with ``torch.load(weights_only=True)`` (never a full unpickle; torch's own
+artifact loader falls back to one, so it is bypassed); every node target of a program must be an operator of an
+allowed ``torch.ops`` namespace or one of a few ``operator`` functions, checked in the JSON before torch's
+deserializer resolves it and again on the graph (a target naming any other Python callable would run it);
+entry sizes and JSON nesting are bounded. Any failure is an ``ETRecordFormatError`` naming the entry.
+
+Debug handles: edge nodes carry the reference's ``debug_handle`` metadata (a string in the JSON), stored here as
+edgetorch's ``meta["custom"]["debug_handle"]``. The ATen program has none: as the reference does, each edge
+node's provenance chain (``from_node``) names the ATen node it came from (the ancestor whose graph id is
+``export_graph_id``), and that node gets the edge node's handle, so the ATen program is the numeric-gap reference.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import zipfile
+from typing import Any
+
+import torch
+
+from edgetorch.errors import ETRecordFormatError
+from edgetorch.formats.handles import groups_from_tables, parse_handle
+
+log = logging.getLogger(__name__)
+
+MARKER = "ETRECORD_V0"
+PRODUCER = "executorch"
+_EDGE = "edge_dialect_exported_program"
+_ATEN = "exported_program"
+_SUFFIXES = ("_state_dict", "_constants", "_example_inputs")
+_TABLES = ("debug_handle_map", "delegate_map", "instruction_id_to_num_outs_map")
+_DATA = ("reference_outputs", "representative_inputs", "export_graph_id")
+_EDGE_OPS = "executorch.exir.dialects.edge.ops."
+MAX_ENTRIES = 4096
+MAX_JSON_BYTES = 512 << 20
+MAX_TENSOR_BYTES = 16 << 30
+_MAX_DEPTH = 200
+_OP_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed", "torchao"})
+_OPERATORS = frozenset({"getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "eq", "ne",
+                        "lt", "le", "gt", "ge", "and_", "or_", "not_"})
+_TARGET = re.compile(r"^torch\.ops\.([A-Za-z_][A-Za-z0-9_]*)\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_executorch_etrecord(source: Any) -> bool:
+    """True when ``source`` (a path, bytes or a binary file) is a zip holding the reference's marker entry."""
+    try:
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            zf = zipfile.ZipFile(io.BytesIO(bytes(source)))
+        elif hasattr(source, "read"):
+            pos = source.tell()
+            try:
+                zf = zipfile.ZipFile(source)
+                names = set(zf.namelist())
+            finally:
+                source.seek(pos)
+            return MARKER in names
+        else:
+            zf = zipfile.ZipFile(os.fspath(source))
+        with zf:
+            return MARKER in set(zf.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError, OverflowError):
+        return False
+
+
+class _Zip:
+    def __init__(self, source: Any, path: str | None) -> None:
+        self.path = path
+        try:
+            src = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else source
+            self.zf = zipfile.ZipFile(src)
+            infos = self.zf.infolist()
+        except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, NotImplementedError,
+                OverflowError) as e:
+            raise ETRecordFormatError(f"not an ExecuTorch ETRecord: not a readable zip archive ({e})",
+                                      field="<archive>", path=path) from None
+        if len(infos) > MAX_ENTRIES:
+            raise self.error("<archive>", f"{len(infos)} entries (at most {MAX_ENTRIES})")
+        self.infos = {i.filename: i for i in infos}
+        if MARKER not in self.infos:
+            raise self.error(MARKER, "missing marker entry: not an ExecuTorch ETRecord")
+
+    def error(self, entry: str, msg: str) -> ETRecordFormatError:
+        return ETRecordFormatError(f"ExecuTorch ETRecord entry {entry!r}: {msg}", field=entry, path=self.path)
+
+    def read(self, name: str, limit: int) -> bytes:
+        info = self.infos[name]
+        if info.file_size > limit:
+            raise self.error(name, f"{info.file_size} bytes (at most {limit})")
+        if info.flag_bits & 0x1:
+            raise self.error(name, "encrypted entry")
+        try:
+            with self.zf.open(info) as f:
+                data = f.read(limit + 1)
+        except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError, OverflowError) as e:
+            raise self.error(name, f"unreadable ({e})") from None
+        if len(data) != info.file_size:
+            raise self.error(name, f"holds {len(data)} bytes, its header says {info.file_size}")
+        return data
+
+    def json(self, name: str) -> Any:
+        try:
+            return json.loads(self.read(name, MAX_JSON_BYTES))
+        except (ValueError, RecursionError) as e:
+            raise self.error(name, f"not valid JSON ({type(e).__name__}: {e})") from None
+
+    def torch_load(self, name: str) -> Any:
+        data = self.read(name, MAX_TENSOR_BYTES)
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        except Exception as e:  # weights_only refuses any pickle beyond tensors and plain containers
+            raise self.error(name, f"cannot be read with torch.load(weights_only=True) "
+                                   f"({type(e).__name__}: {str(e)[:200]})") from None
+
+
+# -- side tables ---------------------------------------------------------------------------------------------------
+
+def _int_key(z: _Zip, entry: str, k: Any) -> int:
+    if isinstance(k, str) and k.isdigit() and len(k) < 12:
+        return int(k)
+    raise z.error(entry, f"instruction id {str(k)[:40]!r} is not a non-negative integer")
+
+
+def _handles(z: _Zip, entry: str, v: Any) -> int | list[int]:
+    if isinstance(v, list):
+        if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in v):
+            raise z.error(entry, f"handles {str(v)[:80]} are not non-negative integers")
+        return v
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    raise z.error(entry, f"debug handle {str(v)[:40]!r} is not a non-negative integer")
+
+
+def _methods(z: _Zip, entry: str) -> dict[str, dict[int, Any]]:
+    doc = z.json(entry) if entry in z.infos else {}
+    if not isinstance(doc, dict) or not all(isinstance(m, str) and isinstance(t, dict) for m, t in doc.items()):
+        raise z.error(entry, "expected {method: {instruction id: value}}")
+    return {m: {_int_key(z, entry, k): v for k, v in t.items()} for m, t in doc.items()}
+
+
+def read_tables(z: _Zip) -> tuple[dict[str, list], dict[str, dict[int, int]]]:
+    """{method: [HandleGroup]} and {method: {delegate call instruction: number of outputs}}."""
+    dhm = {m: {i: _handles(z, "debug_handle_map", v) for i, v in t.items()}
+           for m, t in _methods(z, "debug_handle_map").items()}
+    dmap: dict[str, dict[int, dict]] = {}
+    for m, t in _methods(z, "delegate_map").items():
+        for i, v in t.items():
+            inner = v.get("delegate_map") if isinstance(v, dict) else None
+            name = v.get("name") if isinstance(v, dict) else None
+            if not isinstance(inner, dict) or not isinstance(name, (str, type(None))):
+                raise z.error("delegate_map", f"instruction {i}: expected {{name, delegate_map}}")
+            hs = {k: _handles(z, "delegate_map", h) for k, h in inner.items()}
+            if not all(isinstance(h, list) for h in hs.values()):
+                raise z.error("delegate_map", f"instruction {i}: delegate debug ids must map to handle lists")
+            dmap.setdefault(m, {})[i] = {"name": name, "delegate_map": hs}
+    outs = _methods(z, "instruction_id_to_num_outs_map")
+    for m, t in outs.items():
+        if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 20 for n in t.values()):
+            raise z.error("instruction_id_to_num_outs_map", f"method {m!r}: counts must be non-negative integers")
+    groups = {}
+    for m, t in dhm.items():
+        try:
+            groups[m] = groups_from_tables(t, dmap.get(m), None)
+        except (ValueError, TypeError) as e:
+            raise z.error("debug_handle_map", f"method {m!r}: {e}") from None
+    return groups, outs
+
+
+# -- programs ------------------------------------------------------------------------------------------------------
+
+def _check_nodes(z: _Zip, entry: str, x: Any, handles: dict[str, Any], depth: int = 0) -> None:
+    """Rewrites edge-op targets to their ATen operators, refuses any other target, and collects each node's
+    ``debug_handle`` and ``from_node`` metadata by name (sub-graphs included)."""
+    if depth > _MAX_DEPTH:
+        raise z.error(entry, "JSON nested too deeply")
+    if isinstance(x, list):
+        for v in x:
+            _check_nodes(z, entry, v, handles, depth + 1)
+        return
+    if not isinstance(x, dict):
+        return
+    if "target" in x:  # a node (no other table of the schema has a "target" field)
+        x["target"] = _target(z, entry, x["target"])
+        meta = x.get("metadata")
+        if isinstance(meta, dict) and isinstance(x.get("name"), str):
+            handles[x["name"]] = (meta.get("debug_handle"), meta.get("from_node"))
+    for v in x.values():
+        _check_nodes(z, entry, v, handles, depth + 1)
+
+
+def _target(z: _Zip, entry: str, t: Any) -> str:
+    if not isinstance(t, str):
+        raise z.error(entry, f"node target {str(t)[:60]!r} is not a string")
+    if t.startswith(_EDGE_OPS):
+        t = "torch.ops." + t[len(_EDGE_OPS):]
+    m = _TARGET.match(t)
+    if m and m.group(1) in _OP_NAMESPACES:
+        return t
+    if t.startswith("_operator.") and t[len("_operator."):] in _OPERATORS:
+        return t
+    raise z.error(entry, f"unsupported node target {t[:120]!r} (only operators of the torch.ops namespaces "
+                         f"{sorted(_OP_NAMESPACES)} are read)")
+
+
+def _graph_ok(z: _Zip, entry: str, gm: torch.fx.GraphModule) -> None:
+    import operator
+
+    for mod in gm.modules():
+        for n in getattr(mod, "graph", torch.fx.Graph()).nodes:
+            if n.op != "call_function":
+                continue
+            t = n.target
+            ok = (isinstance(t, torch._ops.OpOverload) and t.namespace in _OP_NAMESPACES) or \
+                 any(t is getattr(operator, name, None) for name in _OPERATORS)
+            if not ok:
+                raise z.error(entry, f"node {n.name}: target {t!r} is not an allowed operator")
+
+
+def read_program(z: _Zip, entry: str) -> tuple[Any, dict[str, Any]]:
+    """The ``ExportedProgram`` stored under ``entry`` (+ its three companions) and {node name: (debug handle,
+    from_node JSON)}."""
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+
+    for s in _SUFFIXES:
+        if entry + s not in z.infos:
+            raise z.error(entry + s, "missing companion entry of the program")
+    doc = z.json(entry)
+    if not isinstance(doc, dict) or not isinstance(doc.get("graph_module"), dict):
+        raise z.error(entry, "not a serialized ExportedProgram (no graph_module)")
+    meta: dict[str, Any] = {}
+    _check_nodes(z, entry, doc, meta)
+    doc["verifiers"] = []  # the edge dialect's verifier is the reference's; the graph is checked above
+    doc.pop("dialect", None)
+    state, consts, example = (z.torch_load(entry + s) for s in _SUFFIXES)
+    if not isinstance(state, dict) or not isinstance(consts, dict) or not isinstance(example, (tuple, dict)):
+        raise z.error(entry, "state dict / constants / example inputs of unexpected types")
+    try:
+        ep = deserialize(SerializedArtifact(json.dumps(doc).encode(), state, consts, example),
+                         _unsafe_skip_version_check=True)  # the reference writes an older schema version
+    except Exception as e:  # torch's deserializer raises many kinds on malformed documents
+        raise z.error(entry, f"cannot be deserialized as an ExportedProgram ({type(e).__name__}: "
+                             f"{str(e)[:300]})") from None
+    _graph_ok(z, entry, ep.graph_module)
+    return ep, meta
+
+
+def _stamp_edge(z: _Zip, entry: str, ep: Any, meta: dict[str, Any]) -> None:
+    from edgetorch.exir.debug_handles import set_debug_handle
+
+    for n in ep.graph.nodes:
+        raw = meta.get(n.name, (None, None))[0]
+        if raw is None:
+            continue
+        h = int(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) < 12 else raw
+        if parse_handle(h) is None and h != 0:
+            raise z.error(entry, f"node {n.name}: debug handle {str(raw)[:40]!r} is not an integer")
+        if h:
+            set_debug_handle(n, h)
+
+
+def _ancestors(raw: Any, depth: int = 0) -> list[tuple[str, int]]:
+    """(name, graph id) of every NodeSource on a ``from_node`` chain (a JSON string or a parsed list)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except (ValueError, RecursionError):
+            return []
+    out: list[tuple[str, int]] = []
+    if not isinstance(raw, list) or depth > _MAX_DEPTH:
+        return out
+    for src in raw:
+        if isinstance(src, dict):
+            name, gid = src.get("name"), src.get("graph_id")
+            if isinstance(name, str) and isinstance(gid, int):
+                out.append((name, gid))
+            out += _ancestors(src.get("from_node"), depth + 1)
+    return out
+
+
+def propagate_handles(aten: Any, edge_meta: dict[str, Any], graph_id: int | None) -> int:
+    """Gives each ATen node the handle of the edge nodes descending from it (see the module docstring);
+    returns how many ATen nodes got one."""
+    from edgetorch.exir.debug_handles import set_debug_handle
+
+    by_ancestor: dict[tuple[str, int], int] = {}
+    for raw_h, chain in edge_meta.values():
+        h = int(raw_h) if isinstance(raw_h, str) and raw_h.isdigit() and len(raw_h) < 12 else raw_h
+        if parse_handle(h) is None:
+            continue
+        for anc in _ancestors(chain):
+            by_ancestor.setdefault(anc, h)
+    n_set = 0
+    for n in aten.graph.nodes:
+        if n.op != "call_function":
+            continue
+        h = by_ancestor.get((n.name, graph_id)) if graph_id is not None else None
+        if h is None and graph_id is None:
+            h = next((v for (name, _gid), v in by_ancestor.items() if name == n.name), None)
+        if h is not None:
+            set_debug_handle(n, h)
+            n_set += 1
+    return n_set
+
+
+# -- the record ----------------------------------------------------------------------------------------------------
+
+def _samples(z: _Zip, value: Any) -> list[tuple]:
+    """Representative inputs: a list of input tuples (several samples) or one flat input list."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+        return [tuple(v) for v in value]
+    if isinstance(value, (list, tuple)):
+        return [tuple(value)]
+    raise z.error("representative_inputs", f"expected a list of inputs, got {type(value).__name__}")
+
+
+def _program_entries(z: _Zip) -> tuple[dict[str, str], dict[str, str]]:
+    """{method: entry} of the edge programs and {graph_map key: entry} of the extra programs."""
+    edge: dict[str, str] = {}
+    extra: dict[str, str] = {}
+    reserved = {MARKER, _ATEN, *_TABLES, *_DATA}
+    for name in z.infos:
+        if name in reserved or name.endswith(_SUFFIXES) or name.endswith("/"):
+            continue
+        if name == _EDGE:
+            edge["forward"] = name
+        elif name.startswith(_EDGE + "/"):
+            edge[name[len(_EDGE) + 1:]] = name
+        elif name + "_state_dict" in z.infos:
+            extra[name if "/" in name else f"{name}/forward"] = name
+        else:
+            log.warning("ExecuTorch ETRecord: entry %r not read", name)
+    return edge, extra
+
+
+def read_executorch_etrecord(source: Any, path: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reads a reference ETRecord (path, bytes or binary file): the keyword arguments of edgetorch's
+    ``ETRecord`` and its extra attributes (``producer`` "executorch", ``num_outputs`` {method: {delegate call
+    instruction: number of outputs}}, ``export_graph_id``); ``parse_etrecord`` builds the record."""
+    z = _Zip(source, path)
+    with z.zf:
+        if "debug_handle_map" not in z.infos:  # the reference's save() refuses a record without one
+            raise z.error("debug_handle_map", "missing entry (the reference writes it in every ETRecord)")
+        groups, num_outs = read_tables(z)
+        graph_id = z.json("export_graph_id") if "export_graph_id" in z.infos else None
+        if graph_id is not None and (not isinstance(graph_id, int) or isinstance(graph_id, bool)):
+            raise z.error("export_graph_id", f"{str(graph_id)[:40]!r} is not an integer")
+        edge_entries, extra_entries = _program_entries(z)
+        if not edge_entries:
+            raise z.error(_EDGE, "missing entry: the record holds no edge program")
+        edge: dict[str, Any] = {}
+        edge_meta: dict[str, dict[str, Any]] = {}
+        for m, entry in sorted(edge_entries.items()):
+            edge[m], edge_meta[m] = read_program(z, entry)
+            _stamp_edge(z, entry, edge[m], edge_meta[m])
+        aten: dict[str, Any] = {}
+        if _ATEN in z.infos:
+            ep, _ = read_program(z, _ATEN)
+            if "forward" in edge_meta and propagate_handles(ep, edge_meta["forward"], graph_id):
+                aten["forward"] = ep
+            else:
+                log.warning("ExecuTorch ETRecord: no ATen node could be linked to a debug handle; the edge "
+                            "program is the numeric-gap reference")
+        graph_map = {}
+        for key, entry in sorted(extra_entries.items()):
+            graph_map[key], meta = read_program(z, entry)
+            _stamp_edge(z, entry, graph_map[key], meta)
+        reps = z.torch_load("representative_inputs") if "representative_inputs" in z.infos else None
+        refs = z.torch_load("reference_outputs") if "reference_outputs" in z.infos else None
+    if refs is not None and not (isinstance(refs, dict) and all(isinstance(k, str) and isinstance(v, list)
+                                                                for k, v in refs.items())):
+        raise z.error("reference_outputs", "expected {method: [outputs per test case]}")
+    fields = dict(exported_programs=aten, edge_dialect_program=edge or None, graph_map=graph_map,
+                  handle_groups=groups, _reference_outputs=refs,
+                  _representative_inputs=None if reps is None else {"forward": _samples(z, reps)})
+    return fields, {"producer": PRODUCER, "num_outputs": num_outs, "export_graph_id": graph_id}
