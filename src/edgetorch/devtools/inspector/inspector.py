@@ -174,6 +174,8 @@ class Inspector:
                                                                                              str(did))))
                 if g and ev.name not in FRAMEWORK_EVENTS:
                     self._link(ev, g, nodes)
+                    if ev.name == ed.OPERATOR_CALL:  # the reference's timing scope: the kernel's event has the
+                        ev.handle_group = None  # values, so this one adds no gap row and no runtime op name
                 elif did is not None and (call := groups.get((ev.instruction_id, None))) is not None:
                     ev.delegate_backend_name = call.backend  # a backend's own event (no handles): its backend
 

@@ -1,0 +1,156 @@
+"""Issue 26: the reference ExecuTorch's ETDump, debug buffer and ETRecord (made by the reference 1.5.1 with
+``tests/data/reference/make_reference_artifacts.py``) read by edgetorch, and the Inspector's numeric gaps checked
+against the reference Inspector's own ``calculate_numeric_gap`` tables saved beside them."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgetorch.devtools import Inspector
+from edgetorch.devtools.etdump import read_etdump
+from edgetorch.devtools.etrecord import parse_etrecord
+from edgetorch.formats import etdump as ed
+from edgetorch.formats.etdump_executorch import read_any_etdump
+from edgetorch.formats.handles import DELEGATE_CALL, KERNEL
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "reference"
+NAMES = ["mlp_portable", "mlp_xnnpack", "cnn_portable", "cnn_xnnpack"]
+
+
+def _paths(name: str) -> dict[str, str]:
+    return {"etdump_path": str(DATA / f"{name}.etdp"), "etrecord": str(DATA / f"{name}_etrecord.bin"),
+            "debug_buffer_path": str(DATA / f"{name}_debug.bin")}
+
+
+def _reference(name: str) -> dict:
+    return json.loads((DATA / f"{name}_gaps.json").read_text())
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def inspected(request):
+    return request.param, Inspector(**_paths(request.param))
+
+
+def test_etdump_is_read_by_content():
+    d = read_etdump(DATA / "cnn_portable.etdp")
+    assert d.producer == "executorch"
+    assert [r.name for r in d.run_data] == ["Default", "Execute"]
+    kernels = [e.profile_event.name for e in d.run_data[1].events
+               if e.profile_event is not None and e.profile_event.name.startswith("native_call_")]
+    assert kernels[:2] == ["native_call_convolution.out", "native_call__native_batch_norm_legit_no_training.out"]
+    # framework events (chain -1) carry no instruction, as in edgetorch's own dumps
+    assert all(e.profile_event.instruction_id == -1 for r in d.run_data for e in r.events
+               if e.profile_event is not None and e.profile_event.name in ("Method::execute", "Method::init"))
+    outs = [e.debug_event for e in d.run_data[1].events
+            if e.debug_event is not None and e.debug_event.debug_entry.output]
+    assert len(outs) == 1 and outs[0].debug_entry.tensor.sizes == [1, 5]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_reference_gap_row_is_present_and_equal(name):
+    """Every row of the reference Inspector's table (MSE and L1) is in edgetorch's, gap within 1e-6 relative;
+    a clean program has no culprit."""
+    ins = Inspector(**_paths(name))
+    ref = _reference(name)
+    for metric in ("MSE", "L1"):
+        df = ins.calculate_numeric_gap(metric)
+        ours = {tuple(sorted(set(h))): g for h, g in zip(df["aot_debug_handle"], df["gap"])}
+        assert ref["gaps"][metric], name
+        for row in ref["gaps"][metric]:
+            key = tuple(sorted(set(row["aot_debug_handle"])))
+            assert key in ours, (name, metric, key, sorted(ours))
+            assert ours[key][0] == pytest.approx(row["gap"][0], rel=1e-6, abs=0), (name, metric, key)
+        if metric == "MSE":
+            assert len(ins.find_culprits(df)) == 0, name
+
+
+def test_events_match_the_reference_inspector(inspected):
+    name, ins = inspected
+    ref = _reference(name)["events"]
+    ours = [[b.name, e.name, e.is_delegated_op, e.delegate_backend_name] for b in ins.event_blocks for e in b.events]
+    assert ours == [[r[0], r[1], r[3], r[4]] for r in ref]
+    # handles too, but for framework events (the reference gives them instruction 0's handles)
+    framework = {"Method::init", "Program::load_method", "Method::execute"}
+    for b in ins.event_blocks:
+        for e, r in zip(b.events, [r for r in ref if r[0] == b.name]):
+            if e.name not in framework:
+                assert e.debug_handles == r[2], (name, e.name)
+
+
+def test_run_output_is_the_programs_output(inspected):
+    """The logged program output equals the reference outputs the reference ETRecord recorded (its eager model)."""
+    _, ins = inspected
+    block = next(b for b in ins.event_blocks if b.name == "Execute")
+    (expected,) = ins.etrecord.reference_outputs["forward"][0]
+    torch.testing.assert_close(block.run_output[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_etrecord_groups_and_handles():
+    rec = parse_etrecord(DATA / "cnn_xnnpack_etrecord.bin")
+    assert rec.producer == "executorch"
+    groups = rec.handle_groups["forward"]
+    calls = [g for g in groups if g.kind == DELEGATE_CALL]
+    assert [g.instruction_id for g in calls] == [0, 2] and {g.backend for g in calls} == {"XnnpackBackend"}
+    assert [g.handles for g in groups if g.kind == KERNEL] == [(7,)]
+    assert rec.num_outputs["forward"] == {0: 1, 2: 1}
+    # ATen program: every op got the handle of the edge ops it became (the reference's back-propagation)
+    gm = rec.reference_graph("forward")
+    from edgetorch.exir.debug_handles import get_debug_handle
+
+    got = {n.name: get_debug_handle(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert got == {"conv2d": 1, "batch_norm": 2, "relu": 3, "max_pool2d": 4, "conv2d_1": 5, "relu_1": 6,
+                   "mean": 7, "linear": 8}
+
+
+def test_delegate_call_inputs_are_trimmed():
+    """The reference logs a delegate call's inputs then outputs; with the ETRecord only the outputs remain."""
+    ins = Inspector(**_paths("cnn_xnnpack"))
+    call = next(e for b in ins.event_blocks for e in b.events if e.name == "DELEGATE_CALL")
+    assert [list(t.shape) for t in call.debug_data] == [[1, 16, 4, 4]]
+    raw = read_etdump(DATA / "cnn_xnnpack.etdp")
+    logged = [e.debug_event for e in raw.run_data[1].events if e.debug_event is not None
+              and e.debug_event.instruction_id == 0]
+    assert [d.debug_entry.tensor.sizes for d in logged] == [[1, 3, 16, 16], [1, 16, 4, 4]]
+
+
+def test_edgetorch_etdump_still_read():
+    e = ed.ETDump(run_data=[ed.RunData("Execute", "forward")])
+    assert read_any_etdump(ed.serialize_etdump(e)).producer == "edgetorch"
+
+
+def test_debug_buffer_is_never_read_whole(tmp_path):
+    """A huge (sparse) debug buffer is mapped, not read: only the tensors' bytes are touched."""
+    big = tmp_path / "big_debug.bin"
+    src = (DATA / "mlp_portable_debug.bin").read_bytes()
+    with open(big, "wb") as f:
+        f.write(src)
+        f.truncate(1 << 30)
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ins = Inspector(etdump_path=DATA / "mlp_portable.etdp", etrecord=DATA / "mlp_portable_etrecord.bin",
+                    debug_buffer_path=big)
+    df = ins.calculate_numeric_gap("MSE")
+    assert len(df) == len(_reference("mlp_portable")["gaps"]["MSE"])
+    import mmap
+
+    assert isinstance(ins._debug_buffer._buf, mmap.mmap)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < (256 << 10)  # KiB: far below 1 GiB
+
+
+def test_size_prefix_is_checked():
+    data = (DATA / "mlp_xnnpack.etdp").read_bytes()
+    from edgetorch.errors import ETDumpFormatError
+
+    with pytest.raises(ETDumpFormatError, match="truncated") as ei:
+        read_any_etdump(data[:-8], "x.etdp")
+    assert ei.value.field == "size_prefix"
+    bad = bytearray(data)
+    struct.pack_into("<I", bad, 0, 1 << 30)
+    with pytest.raises(ETDumpFormatError, match="truncated"):
+        read_any_etdump(bytes(bad))
