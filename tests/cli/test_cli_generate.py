@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from edgetorch.devtools import Inspector
 from edgetorch.devtools.etdump import read_etdump
 from tests.cli.conftest import cli
 
@@ -22,6 +23,13 @@ def test_generated_tokens_match_eager_and_every_step_is_recorded(tmp_path, backe
     runs = [b for b in read_etdump(tmp_path / "etdump.etdp").run_data if b.name == "Execute"]
     assert [b.method for b in runs] == ["prefill"] + ["decode"] * 4  # the last token needs no decode call
     assert (tmp_path / "model.pte").stat().st_size > 0 and (tmp_path / "etrecord.bin").stat().st_size > 0
+    # the record kept the empty caches although the eager model generated before it was saved: a clean run
+    insp = Inspector(etdump_path=tmp_path / "etdump.etdp", etrecord=tmp_path / "etrecord.bin",
+                     debug_buffer_path=tmp_path / "debug_buffer.bin")
+    for k in range(len(insp.executions)):
+        culprits = insp.find_culprits(insp.calculate_numeric_gap("MSE", execution=k))
+        assert culprits.empty, (k, [list(o) for o in culprits["aot_ops"]])
+    assert insp.first_divergence_across_executions(1e-6) is None
 
 
 def test_bad_arguments_exit_2_without_a_traceback(tmp_path):

@@ -67,6 +67,10 @@ def _main(args: argparse.Namespace) -> int:
     pte = os.path.join(args.out, "model.pte")
     et.save(pte)
     prompt = example_prompt(cfg, args.prompt_len)
+    if args.etdump:  # before anything runs; the prefill's input lets `inspect --gap` check execution 0 alone
+        rec = et.get_etrecord()
+        rec.update_representative_inputs({"prefill": [(prompt, torch.arange(args.prompt_len))]})
+        rec.save(os.path.join(args.out, "etrecord.bin"))
     print(f"[3/4] generating {args.tokens} tokens on the runtime", flush=True)
     prog = Runtime.get().load_program(pte, enable_etdump=args.etdump,
                                       debug_buffer_size="auto" if args.etdump else 0)
@@ -85,8 +89,6 @@ def _main(args: argparse.Namespace) -> int:
     print("tokens match eager" if diverged is None else f"tokens differ from step {diverged}",
           f"(largest logit difference {worst:.3e}); {1000 * dt / args.tokens:.2f} ms per token on the runtime")
     if args.etdump:
-        rec = et.get_etrecord()
-        rec.save(os.path.join(args.out, "etrecord.bin"))
         prog.write_etdump_result_to_file(os.path.join(args.out, "etdump.etdp"),
                                          os.path.join(args.out, "debug_buffer.bin"))
         print(f"ETDump ({args.tokens} runs), debug buffer and ETRecord written to {args.out}")

@@ -55,13 +55,14 @@ class ConstantPool:
         self._keep: list[torch.Tensor] = []
         self._index: dict = {}
 
-    def add(self, t: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """Returns (constant index, the contiguous tensor stored); the same tensor is stored once."""
+    def add(self, t: torch.Tensor, snapshot: bool = False) -> tuple[int, torch.Tensor]:
+        """Returns (constant index, the contiguous tensor stored); the same tensor is stored once. The bytes are
+        the tensor's own (zero copy) unless ``snapshot``: a copy, for a tensor the model may still update."""
         t = t.detach()
         key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
         if key in self._index:
             return self._index[key]
-        c = t.contiguous()
+        c = t.clone(memory_format=torch.contiguous_format) if snapshot else t.contiguous()
         raw = c.reshape(-1).view(torch.uint8).numpy() if c.numel() else b""
         self._keep.append(c)
         self.table.append(self.layout.add(raw))
@@ -287,7 +288,7 @@ class _MethodEmitter:
         data = self.ep.state_dict.get(target, self.ep.constants.get(target))
         if not isinstance(data, torch.Tensor):
             raise ExportError(f"method '{self.name}': mutable buffer '{target}' has no tensor data")
-        idx, stored = self.constants.add(data)
+        idx, stored = self.constants.add(data, snapshot=True)  # the .pte keeps today's state, not a later run's
         self.mutable_buffers.append(pf.MutableBufferDef(target, idx, dtype_code(stored.dtype),
                                                         tuple(int(s) for s in stored.shape)))
         t = _tensor_def(stored, pf.PLACEMENT_MUTABLE)

@@ -154,8 +154,35 @@ def to_edge(programs: ProgramsArg, constant_methods: dict | None = None,
     config = compile_config or EdgeCompileConfig()
     edge = {name: _to_edge_one(ep, name, config) for name, ep in aten.items()}
     floats = {} if float_program is None else _float_programs(float_program)
-    history = StageHistory(dict(aten), dict(edge), {}, floats) if generate_etrecord else None
+    history = None
+    if generate_etrecord:  # the record and the .pte start from the buffers as they are now, whatever runs later
+        memo: dict[int, torch.Tensor] = {}
+        edge = {name: own_buffers(ep, memo) for name, ep in edge.items()}
+        history = StageHistory({n: own_buffers(ep, memo) for n, ep in aten.items()}, dict(edge), {}, floats)
     return EdgeProgramManager(edge, aten, config, history)
+
+
+def own_buffers(ep: ExportedProgram, memo: dict[int, torch.Tensor]) -> ExportedProgram:
+    """``ep`` with its buffers (KV caches and other state a run may update in place) copied: a program whose
+    buffers are the eager module's own tensors would otherwise see every later eager call. ``memo`` (id of the
+    original -> its copy) keeps tensors shared between programs shared. Returns ``ep`` when it has no buffer."""
+    from torch.export.graph_signature import InputKind
+
+    targets = [s.target for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER and s.target]
+    if not targets:
+        return ep
+
+    def own(d: dict) -> dict:
+        out = dict(d)
+        for t in targets:
+            v = d.get(t)
+            if isinstance(v, torch.Tensor):
+                out[t] = memo.setdefault(id(v), v.detach().clone())
+        return out
+
+    from edgetorch.exir.clone import clone_program
+
+    return clone_program(ep, state_dict=own(ep.state_dict), constants=own(ep.constants))
 
 
 #: the meta["custom"] key of the PT2E numeric debug handles a float program must carry (torchao's name)

@@ -27,7 +27,15 @@ import torch.utils._pytree as pytree
 
 from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE, NumericalComparatorBase, get_comparator
 from edgetorch.devtools.inspector.events import _signature
-from edgetorch.devtools.inspector.numeric_gap import compare_values, compute_numeric_gap, runtime_entries
+from edgetorch.devtools.inspector.numeric_gap import (
+    RuntimeEntry,
+    _resolve,
+    _runtime_values,
+    compare_values,
+    compute_numeric_gap,
+    reference_handles,
+    runtime_entries,
+)
 from edgetorch.errors import InspectorError
 from edgetorch.formats import etdump as ed
 
@@ -118,6 +126,47 @@ def _state_targets(gm: torch.fx.GraphModule) -> list[str]:
     return list(dict.fromkeys(targets))
 
 
+def _state_writers(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
+    """Per state attribute, the last in-place op writing it (the op whose output is the buffer's new value)."""
+    writers: dict[str, torch.fx.Node] = {}
+    for n in gm.graph.nodes:
+        t = n.target
+        if n.op != "call_function" or not (isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable):
+            continue
+        for i, a in enumerate(t._schema.arguments):
+            v = n.args[i] if i < len(n.args) else n.kwargs.get(a.name)
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(v, torch.fx.Node) \
+                    and v.op == "get_attr":
+                writers[str(v.target)] = n
+    return writers
+
+
+def logged_state(gm: torch.fx.GraphModule, entries: list[RuntimeEntry]) -> dict[str, torch.Tensor]:
+    """The runtime's values of the state attributes after one run, as that run logged them (the output of the
+    op writing each, finest entry first); an attribute whose writer logged nothing is left out."""
+    last, _ = reference_handles(gm)
+    order = {h: i for i, h in enumerate(last)}
+    by_node = {n: h for h, n in last.items()}
+    handle_of = {}
+    for target, w in _state_writers(gm).items():
+        if w.target is torch.ops.aten.copy_.default and isinstance(w.args[1], torch.fx.Node):
+            w = w.args[1]  # a functional graph's buffer update: copy_(buffer, new value)
+        if w in by_node:
+            handle_of[by_node[w]] = target
+    state: dict[str, torch.Tensor] = {}
+    for e in sorted(entries, key=lambda e: e.is_delegate_call):  # a kernel (or an op inside) before a call
+        res = _resolve(e, last, order)
+        if isinstance(res, str) or res[0] not in handle_of or handle_of[res[0]] in state:
+            continue
+        h, index = res
+        want = last[h].meta.get("val")
+        vals = _runtime_values(e, h, index, want)
+        got = vals.get(0) if isinstance(vals, dict) else None
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.numel() == want.numel():
+            state[handle_of[h]] = got.reshape(want.shape)
+    return state
+
+
 def _owner(gm: torch.nn.Module, target: str) -> tuple[torch.nn.Module, str]:
     *path, name = target.split(".")
     return (gm.get_submodule(".".join(path)) if path else gm), name
@@ -156,6 +205,8 @@ class GenerationReplay:
         self._modules: dict[str, tuple[torch.fx.GraphModule, str]] = {}
         self._initial: dict[str, torch.Tensor] = {}
         self._state: dict[str, torch.Tensor] = {}
+        #: the runtime's state before ``_position``, as the executions logged it (the reference's where not)
+        self._rt_state: dict[str, torch.Tensor] = {}
         self._position = 0  # the state is the one before this execution
         self.reference_outputs: dict[int, Any] = {}
         self._tables: dict[tuple, pd.DataFrame] = {}
@@ -176,6 +227,7 @@ class GenerationReplay:
                     owner, name = _owner(gm, target)
                     self._initial[target] = getattr(owner, name).detach().clone()
                     self._state[target] = self._initial[target].clone()
+        self._rt_state = dict(self._state)
         self._modules = mods
 
     def module(self, method: str) -> tuple[torch.fx.GraphModule, str]:
@@ -187,6 +239,7 @@ class GenerationReplay:
         """Back to the initial state, before the first execution."""
         for target, t in self._initial.items():
             self._state[target] = t.clone()
+        self._rt_state = dict(self._state)
         self._position = 0
 
     def record(self, index: int) -> ExecutionRecord:
@@ -212,7 +265,17 @@ class GenerationReplay:
         gm, _ = self.module(rec.execution.method)
         with torch.no_grad(), _bound(gm, self._state):
             self.reference_outputs[k] = gm(*pytree.tree_leaves(tuple(rec.inputs)))
+        self._runtime_state_after(rec)
         self._position = k + 1
+
+    def _runtime_state_after(self, rec: ExecutionRecord) -> None:
+        """The runtime's state after ``rec``: what its state writers logged; an attribute it writes but did not
+        log takes the reference's value, one it does not write keeps the runtime's."""
+        gm, _ = self.module(rec.execution.method)
+        logged = logged_state(gm, runtime_entries(self.inspector.event_blocks[rec.block].events, rec.block_run))
+        for target in _state_writers(gm):
+            if target in self._state:
+                self._rt_state[target] = logged.get(target, self._state[target])
 
     # -- results ----------------------------------------------------------------------------------------------
     def gap_table(self, index: int, distance: str | NumericalComparatorBase = "MSE",
@@ -241,6 +304,7 @@ class GenerationReplay:
         self.reference_outputs[index] = captured["output"]
         for target in self._state:
             self._state[target] = state[target]
+        self._runtime_state_after(self.records[index])
         self._position = index + 1
 
     def _compute(self, rec: ExecutionRecord, comparator: NumericalComparatorBase, local: bool,
@@ -255,7 +319,8 @@ class GenerationReplay:
         view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
         with _bound(gm, self._state):
             df, cov = compute_numeric_gap(gm, tuple(pytree.tree_leaves(tuple(rec.inputs))), entries, comparator,
-                                          view_only=view_only, local=local, capture=capture)
+                                          view_only=view_only, local=local, capture=capture,
+                                          runtime_state=self._rt_state)
         df.attrs.update(reference_graph=used, method=method, execution=rec.execution.index, run=rec.execution.run,
                         distance=getattr(comparator, "name", type(comparator).__name__))
         effects = [oe for oe in insp.observer_effects if oe.method == method]

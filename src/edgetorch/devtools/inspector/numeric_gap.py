@@ -233,13 +233,16 @@ class _JointWalk(torch.fx.Interpreter):
 
     ``rt_env`` holds the runtime-side value of a node where it differs from the reference value; ``exact``
     marks nodes whose runtime-side value is the runtime's own (inputs, constants, substituted outputs, and
-    views/getitems of exact values), which gives view-only ops a runtime value."""
+    views/getitems of exact values), which gives view-only ops a runtime value. ``state`` (attribute name ->
+    tensor) is the runtime's own value of a buffer (a KV cache an earlier call filled) where it may differ from
+    the reference's: the local re-runs read it."""
 
     def __init__(self, gm: torch.fx.GraphModule, last_node: dict[int, torch.fx.Node],
-                 runtime: dict[int, torch.Tensor] | None) -> None:
+                 runtime: dict[int, torch.Tensor] | None, state: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__(gm)
         self.by_node = {n: h for h, n in last_node.items()}
         self.runtime = runtime
+        self.state = state or {}
         self.outputs: dict[int, Any] = {}
         self.local: dict[int, Any] = {}
         self.rt_env: dict[torch.fx.Node, Any] = {}
@@ -285,6 +288,9 @@ class _JointWalk(torch.fx.Interpreter):
             return out
         if n.op in ("placeholder", "get_attr"):
             self.exact.add(n)
+            rt = self.state.get(str(n.target)) if n.op == "get_attr" else None
+            if _fits(rt, out) and not torch.equal(rt.reshape(out.shape), out):
+                self.rt_env[n] = rt.reshape(out.shape)
             return out
         if n.op != "call_function":
             return out
@@ -530,7 +536,7 @@ class _Join:
 
 
 def _walk(j: _Join, reference: torch.fx.GraphModule, inputs: tuple, picked: list[tuple[RuntimeEntry, int, int | None]],
-          local: bool, capture: dict[str, Any] | None) -> None:
+          local: bool, capture: dict[str, Any] | None, state: dict[str, torch.Tensor] | None = None) -> None:
     """Runs the reference once (``_JointWalk``), with the runtime values per handle for the local gaps: the
     finest first (an op logged inside a delegate over its DELEGATE_CALL)."""
     runtime: dict[int, dict[int, torch.Tensor] | list[torch.Tensor]] = {}
@@ -541,7 +547,7 @@ def _walk(j: _Join, reference: torch.fx.GraphModule, inputs: tuple, picked: list
         if vals:
             runtime[h] = vals
             j.provider[h] = e
-    j.walk = _JointWalk(reference, j.last, runtime if local else None)
+    j.walk = _JointWalk(reference, j.last, runtime if local else None, state)
     after: dict[str, torch.Tensor] | None = {} if capture is not None else None
     with torch.no_grad(), _restored_state(reference, j.walk.mutated, after):
         result = j.walk.run(*inputs)
@@ -634,10 +640,13 @@ def _frame(rows: list[dict[str, Any]], cov: Coverage) -> pd.DataFrame:
 
 def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries: list[RuntimeEntry],
                         comparator: NumericalComparatorBase, view_only: set[int] | None = None, local: bool = True,
-                        capture: dict[str, Any] | None = None) -> tuple[pd.DataFrame, Coverage]:
+                        capture: dict[str, Any] | None = None, runtime_state: dict[str, torch.Tensor] | None = None,
+                        ) -> tuple[pd.DataFrame, Coverage]:
     """Builds the gap table (one row per matched runtime group, in execution order) and its coverage.
     ``capture`` (optional) receives the reference run's ``"output"`` and its ``"state"`` after the run (the
-    attributes its in-place ops wrote), so a replay across calls needs no second forward pass."""
+    attributes its in-place ops wrote), so a replay across calls needs no second forward pass.
+    ``runtime_state``: the runtime's values of those attributes before this run, which the local re-runs read
+    (by default the reference's own)."""
     last, nodes = reference_handles(reference)
     j = _Join(last, nodes, {h: i for i, h in enumerate(last)})
     cov = Coverage(runtime_total=len(entries), aot_total=len(last))
@@ -648,7 +657,7 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
             cov.unmatched.append(_unmatched(e, res))
         else:
             picked.append((e, *res))
-    _walk(j, reference, inputs, picked, local, capture)
+    _walk(j, reference, inputs, picked, local, capture, runtime_state)
     matched = _pairs(j, picked, cov)
     rows = [_row(j, e, h, ref, rt, comparator) for e, h, ref, rt in matched]
     _delegate_boundaries(rows)
