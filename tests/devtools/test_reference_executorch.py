@@ -19,7 +19,7 @@ from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "reference"
-NAMES = ["mlp_portable", "mlp_xnnpack", "cnn_portable", "cnn_xnnpack"]
+NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "vit") for b in ("portable", "xnnpack")]
 
 
 def _paths(name: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ Run it with a separate virtual environment holding the pinned reference (never a
     /tmp/refvenv/bin/pip install torch==2.13.0 torchao==0.18.0 ruamel.yaml==0.19.1 PyYAML==6.0.4 \
         tabulate==0.10.0 numpy pandas flatbuffers
     /tmp/refvenv/bin/pip install --no-deps executorch==1.5.1
-    /tmp/refvenv/bin/python tests/data/reference/make_reference_artifacts.py [OUT_DIR]
+    /tmp/refvenv/bin/python tests/data/reference/make_reference_artifacts.py [OUT_DIR [MODEL,MODEL...]]
 
 Per model and backend (``<name>`` = ``<model>_<backend>``) it writes to OUT_DIR (default: this folder):
 ``<name>.pte`` (the reference's exporter), ``<name>.etdp`` + ``<name>_debug.bin`` (one run of the reference's
@@ -53,10 +53,61 @@ class TinyCNN(nn.Module):
         return self.fc(x)
 
 
+class TinyMobileNet(nn.Module):
+    """An inverted residual block as in MobileNetV2: expand, depthwise, project, residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.expand, self.bn1 = nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16)
+        self.dw, self.bn2 = nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16)
+        self.project, self.bn3 = nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8)
+        self.act = nn.ReLU6()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.bn0(self.stem(x)))
+        y = self.act(self.bn1(self.expand(x)))
+        y = self.act(self.bn2(self.dw(y)))
+        x = x + self.bn3(self.project(y))
+        return self.head(nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class TinyViT(nn.Module):
+    """Patch embedding, one pre-norm transformer encoder block (single-head attention, GELU MLP), mean pool."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 4, stride=4)
+        self.pos = nn.Parameter(torch.randn(1, 16, dim) * 0.1)
+        self.ln1, self.ln2, self.ln3 = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+        self.head = nn.Linear(dim, 4)
+        self.scale = dim ** -0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        att = torch.softmax(q @ k.transpose(1, 2) * self.scale, dim=-1)
+        x = x + self.proj(att @ v)
+        x = x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+        return self.head(self.ln3(x).mean(dim=1))
+
+
 def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(MODELS_SEED)
     if name == "mlp":
         return TinyMLP().eval(), (torch.randn(2, 16),)
+    if name == "mobilenet":
+        m = TinyMobileNet()
+        with torch.no_grad():
+            for bn in (m.bn0, m.bn1, m.bn2, m.bn3):
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+        return m.eval(), (torch.randn(1, 3, 16, 16),)
+    if name == "vit":
+        return TinyViT().eval(), (torch.randn(1, 3, 16, 16),)
     m = TinyCNN()
     with torch.no_grad():  # non-trivial batch-norm statistics
         m.bn1.running_mean.uniform_(-0.5, 0.5)
@@ -134,7 +185,8 @@ def _version() -> str:
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
-    for model_name in ("mlp", "cnn"):
+    models = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mlp", "cnn", "mobilenet", "vit"]
+    for model_name in models:
         for backend in ("portable", "xnnpack"):
             make(model_name, backend, out)
 

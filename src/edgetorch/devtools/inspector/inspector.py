@@ -168,14 +168,15 @@ class Inspector:
         for block in self.event_blocks:
             groups = {g.key: g for g in (self._etrecord.handle_groups or {}).get(block.method, [])}
             nodes = self._nodes_by_handle(block.method)
+            partial = _partial_kernels(groups.values()) if self._etrecord.producer == "executorch" else set()
             for ev in block.events:
                 did = ev.delegate_debug_identifier if ev.is_delegated_op else None
                 g = groups.get((ev.instruction_id, did)) or (did is not None and groups.get((ev.instruction_id,
                                                                                              str(did))))
                 if g and ev.name not in FRAMEWORK_EVENTS:
                     self._link(ev, g, nodes)
-                    if ev.name == ed.OPERATOR_CALL:  # the reference's timing scope: the kernel's event has the
-                        ev.handle_group = None  # values, so this one adds no gap row and no runtime op name
+                    if ev.name == ed.OPERATOR_CALL or g in partial:  # no gap row, see _partial_kernels
+                        ev.handle_group = None
                 elif did is not None and (call := groups.get((ev.instruction_id, None))) is not None:
                     ev.delegate_backend_name = call.backend  # a backend's own event (no handles): its backend
 
@@ -451,6 +452,18 @@ class Inspector:
     def __repr__(self) -> str:
         return (f"Inspector(methods={self.methods}, blocks={len(self.event_blocks)}, "
                 f"etrecord={'yes' if self._etrecord is not None else 'no'})")
+
+
+def _partial_kernels(groups: Any) -> set[HandleGroup]:
+    """Kernel groups of a reference program whose op a later delegate call finishes (the reference's exporter
+    may leave part of a decomposed op, e.g. a matmul's ``expand_copy``, outside the delegate that runs the rest):
+    their value is not the op's output, so they add no gap row (the reference merges them into the call's row,
+    which the delegate call's row already is). Also the reference's ``OPERATOR_CALL`` scopes add none: their
+    kernel's ``native_call_*`` event holds the values."""
+    gs = list(groups)
+    calls = [g for g in gs if g.kind == DELEGATE_CALL]
+    return {g for g in gs if g.kind == KERNEL and any(c.instruction_id > g.instruction_id
+                                                      and set(g.handles) & set(c.handles) for c in calls)}
 
 
 def _trim_reference_delegate_inputs(etdump: ed.ETDump, etrecord: Any) -> None:
