@@ -20,6 +20,7 @@ from typing import Any
 from edgetorch.errors import RecipeError
 from edgetorch.export.recipe import ExportRecipe, LoweringRecipe, RecipeType
 from edgetorch.export.recipes_portable import QUANT_EXCLUSION_OPTIONS, int8_quantization_recipe
+from edgetorch.export.recipes_torchao import TORCHAO_RECIPES, pop_torchao_options, torchao_quantization_recipe
 from edgetorch.export.registry import BackendRecipeProvider, register_backend_recipe_provider
 
 __all__ = ["OrtRecipeProvider", "OrtRecipeType"]
@@ -37,6 +38,11 @@ class OrtRecipeType(RecipeType):
     FP32 = "onnxruntime_fp32"
     INT8_STATIC_PER_CHANNEL = "onnxruntime_int8_static_per_channel"
     INT8_STATIC_PER_TENSOR = "onnxruntime_int8_static_per_tensor"
+    # torchao weight quantization of LLMs; the low-bit linears become MatMulNBits (see ``recipes_torchao``)
+    TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_CHANNEL = "onnxruntime_torchao_8da4w_per_channel"
+    TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR = "onnxruntime_torchao_8da4w"
+    TORCHAO_INT8_WEIGHT_ONLY = "onnxruntime_torchao_int8_weight_only"
+    TORCHAO_INT4_WEIGHT_ONLY = "onnxruntime_torchao_int4_weight_only"
 
     @classmethod
     def get_backend_name(cls) -> str:
@@ -79,7 +85,9 @@ class OrtRecipeProvider(BackendRecipeProvider):
         if recipe_type not in OrtRecipeType.__members__.values():
             return None
         quant = None
-        if recipe_type != OrtRecipeType.FP32:
+        if recipe_type.name in TORCHAO_RECIPES:
+            quant = torchao_quantization_recipe(recipe_type.name, **pop_torchao_options(kwargs))
+        elif recipe_type != OrtRecipeType.FP32:
             per_channel, dynamic = _INT8[recipe_type]
             quant_options = {k: kwargs.pop(k) for k in ("activation_observer", "bias_correction",
                                                                   *QUANT_EXCLUSION_OPTIONS)

@@ -1,4 +1,5 @@
-"""Recipes for the portable backend (every op runs on edgetorch's own kernels): FP32 and PT2E INT8."""
+"""Recipes for the portable backend (every op runs on edgetorch's own kernels): FP32, PT2E INT8 and torchao's
+low-bit LLM weight quantization (``TORCHAO_*``, see ``recipes_torchao``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from edgetorch.errors import RecipeError
 from edgetorch.export.recipe import ExportRecipe, QuantizationRecipe, RecipeType
+from edgetorch.export.recipes_torchao import TORCHAO_OPTIONS, TORCHAO_RECIPES, torchao_quantization_recipe
 from edgetorch.export.registry import BackendRecipeProvider, register_backend_recipe_provider
 
 __all__ = ["PortableRecipeProvider", "PortableRecipeType"]
@@ -24,6 +26,11 @@ class PortableRecipeType(RecipeType):
     INT8_STATIC_PER_CHANNEL = "portable_int8_static_per_channel"
     INT8_STATIC_PER_TENSOR = "portable_int8_static_per_tensor"
     INT8_DYNAMIC_PER_CHANNEL = "portable_int8_dynamic_per_channel"
+    # torchao weight quantization of LLMs, run on edgetorch's low-bit kernels (see ``recipes_torchao``)
+    TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_CHANNEL = "portable_torchao_8da4w_per_channel"
+    TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR = "portable_torchao_8da4w"
+    TORCHAO_INT8_WEIGHT_ONLY = "portable_torchao_int8_weight_only"
+    TORCHAO_INT4_WEIGHT_ONLY = "portable_torchao_int4_weight_only"
 
     @classmethod
     def get_backend_name(cls) -> str:
@@ -67,6 +74,13 @@ class PortableRecipeProvider(BackendRecipeProvider):
             if kwargs:
                 raise RecipeError(f"PortableRecipeType.FP32 takes no arguments, got {sorted(kwargs)}")
             return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME)
+        if recipe_type.name in TORCHAO_RECIPES:
+            unknown = set(kwargs) - set(TORCHAO_OPTIONS)
+            if unknown:
+                raise RecipeError(f"{recipe_type.name} accepts only {'=, '.join(TORCHAO_OPTIONS)}=, got "
+                                  f"{sorted(unknown)}")
+            return ExportRecipe(name=recipe_type.value, backend=BACKEND_NAME,
+                                quantization_recipe=torchao_quantization_recipe(recipe_type.name, **kwargs))
         options = dict(kwargs)
         for alias, name in _PORTABLE_ALIASES.items():
             if alias in options:

@@ -172,7 +172,8 @@ def _drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 # ---------------------------------------------------------------------------------------------------------------
 class SourceTransformStage(Stage):
-    """Applies the recipe's torchao ``quantize_`` configs to (copies of) the eager modules; no-op without any."""
+    """Applies the recipe's torchao ``quantize_`` configs to (copies of) the eager modules, then swaps the
+    quantized Linear/Embedding modules for packed low-bit ones (``edgetorch.export.lowbit``); no-op without any."""
 
     def __init__(self, quantization_recipe: QuantizationRecipe | None = None, in_place: bool = False) -> None:
         super().__init__()
@@ -191,16 +192,25 @@ class SourceTransformStage(Stage):
         from torchao.quantization import quantize_
         from torchao.utils import unwrap_tensor_subclass
 
+        from edgetorch.export.lowbit import lower_lowbit_modules
+
         models = _expect_modules(artifact.data, self.stage_type)
-        out = {}
+        out: dict[str, torch.nn.Module] = {}
+        done: dict[int, torch.nn.Module] = {}  # methods of one module (prefill + decode) share one quantized copy
         for method, model in models.items():
+            if id(model) in done:
+                out[method] = done[id(model)]
+                continue
             m = model if self._in_place else copy.deepcopy(model)
             for cfg in configs:
                 if cfg.filter_fn is None:
                     quantize_(m, cfg.ao_base_config)
                 else:
                     quantize_(m, cfg.ao_base_config, cfg.filter_fn)
-            out[method] = unwrap_tensor_subclass(m)
+            report = lower_lowbit_modules(m)  # packed weights + low-bit ops where torchao's weights allow
+            log.info("SOURCE_TRANSFORM(%s): %d low-bit module(s), %d kept decomposed", method,
+                     len(report.lowered), len(report.skipped))
+            out[method] = done[id(model)] = unwrap_tensor_subclass(m)
         self._artifact = artifact.copy_with_new_data(out)
 
 

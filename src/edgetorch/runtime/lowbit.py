@@ -1,0 +1,216 @@
+"""Low-bit linear kernels: ``edgetorch::linear_q4`` and ``edgetorch::linear_q8`` (each with its ``.out`` variant).
+
+The export side (``edgetorch.export.lowbit``) replaces every torchao-quantized Linear by one of these ops; the
+program stores the weights packed and the runtime calls them here (this module imports only torch, so the runtime
+never needs the compiler or torchao to run a low-bit program).
+
+``linear_q4(x, weight, scales, bias, group_size, act_quant)``
+    ``weight``: uint8 ``[N, K/2]``, two int4 values per byte: byte ``j`` of row ``n`` holds ``q[n, 2j] + 8`` in its
+    low nibble and ``q[n, 2j+1] + 8`` in its high nibble (``q`` in [-8, 7], symmetric, no zero point; the layout
+    of ONNX Runtime's ``MatMulNBits`` with its default zero point 8). ``scales``: float32 ``[N, K/group_size]``.
+    The weight of element ``(n, k)`` is ``q[n, k] * scales[n, k // group_size]``.
+``linear_q8(x, weight, scales, bias, act_quant)``
+    ``weight``: int8 ``[N, K]``, ``scales``: float32 ``[N]`` (per output channel).
+
+``act_quant=True`` first quantizes ``x`` per token to int8 (asymmetric, torchao's ``int8_asym_per_token``: the
+same arithmetic as torchao's eager model, bit for bit) and dequantizes it: 8da4w.
+
+Kernels (chosen by measurement on x86 AVX-512/AMX, docs/performance.md): the activations go to bfloat16, then
+
+- int4, up to ``SMALL_M`` rows (decode): torch's ``_weight_int4pack_mm_for_cpu``. Its weight layout depends on
+  the CPU (AVX2 and AVX-512 builds pack differently), so the portable two-per-byte layout above is what the
+  program stores, converted once per weight on first use and cached (int4 in memory, never float);
+- int4, more rows (prefill): the weight is dequantized to bfloat16 per call, one bfloat16 GEMM (AMX/oneDNN);
+- int8: ``_weight_int8pack_mm`` straight on the program's bytes (no copy), bfloat16 GEMM above ``SMALL_M`` rows.
+
+Tolerance: bfloat16 activations and scales (8 significant bits) and fp32 accumulation; the result differs from
+torchao's float32 eager arithmetic by about 2^-8 of the output's magnitude (``tests/runtime/test_lowbit.py``:
+max abs error <= 2e-2 * max |y| on each layer).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+__all__ = ["OPERATORS", "SMALL_M", "fake_quant_per_token", "pack_int4", "quantize_per_token", "unpack_int4"]
+
+#: rows up to which the int4 matrix-vector kernel is used (above: dequantize + GEMM)
+SMALL_M = 32
+_KERNEL_GROUPS = (256, 128, 64, 32)
+_BF16 = torch.bfloat16
+
+_lib = torch.library.Library("edgetorch", "FRAGMENT")
+_lib.define("linear_q4(Tensor x, Tensor weight, Tensor scales, Tensor? bias, int group_size, bool act_quant) "
+            "-> Tensor")
+_lib.define("linear_q4.out(Tensor x, Tensor weight, Tensor scales, Tensor? bias, int group_size, bool act_quant, "
+            "*, Tensor(a!) out) -> Tensor(a!)")
+_lib.define("linear_q8(Tensor x, Tensor weight, Tensor scales, Tensor? bias, bool act_quant) -> Tensor")
+_lib.define("linear_q8.out(Tensor x, Tensor weight, Tensor scales, Tensor? bias, bool act_quant, "
+            "*, Tensor(a!) out) -> Tensor(a!)")
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """int values in [-8, 7] ``[N, K]`` (K even) -> uint8 ``[N, K/2]`` in the layout of ``linear_q4``."""
+    u = (q.to(torch.int16) + 8).to(torch.uint8)
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_int4`: int8 ``[N, K]`` in [-8, 7]."""
+    lo = (packed & 15).to(torch.int8) - 8
+    hi = (packed >> 4).to(torch.int8) - 8
+    return torch.stack((lo, hi), dim=-1).reshape(packed.shape[0], -1)
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's int8 asymmetric per-token quantization of ``x`` (float32 ``[M, K]``), the same ops: returns
+    ``q - zero_point`` (integers in [-255, 255], as float32) and the per-token scale ``[M, 1]``."""
+    min_neg = torch.clamp(torch.amin(x, dim=-1, keepdim=True), max=0.0)
+    max_pos = torch.clamp(torch.amax(x, dim=-1, keepdim=True), min=0.0)
+    scale = torch.clamp((max_pos - min_neg) / 255.0, min=torch.finfo(x.dtype).smallest_normal)
+    zero_point = torch.clamp(-128 - torch.round(min_neg / scale), -128, 127).to(torch.int8)
+    q = torch.clamp(torch.round(x * (1.0 / scale)) + zero_point, -128, 127).to(torch.int8)
+    return q.to(x.dtype) - zero_point.to(x.dtype), scale
+
+
+def fake_quant_per_token(x: torch.Tensor) -> torch.Tensor:
+    """torchao's int8 asymmetric per-token quantize + dequantize of ``x`` (float32 ``[M, K]``), bit for bit."""
+    centered, scale = quantize_per_token(x)
+    return centered * scale
+
+
+# -- per-weight caches of kernel layouts -------------------------------------------------------------------------
+_CACHE: dict[tuple, tuple[weakref.ref, torch.Tensor, torch.Tensor, int]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _kernel_group(k: int, group_size: int) -> int:
+    if group_size in _KERNEL_GROUPS:
+        return group_size
+    return next(g for g in _KERNEL_GROUPS if group_size % g == 0 and k % g == 0)
+
+
+def _cpu_int4(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``weight`` in torch's CPU int4 layout and its bf16 ``[K/g, N, 2]`` scales-and-zeros, made once per weight."""
+    key = (weight.data_ptr(), tuple(weight.shape), scales.data_ptr(), group_size)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is not None:  # alive: the same constant bytes (shared by methods)
+        return hit[1], hit[2], hit[3]
+    n, k = weight.shape[0], weight.shape[1] * 2
+    g = _kernel_group(k, group_size)
+    u = torch.stack((weight & 15, weight >> 4), dim=-1).reshape(n, k).to(torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    per_group = scales.repeat_interleave(group_size // g, dim=1) if g != group_size else scales
+    sz = torch.stack((per_group.t(), torch.zeros_like(per_group.t())), dim=-1).to(_BF16).contiguous()
+    with _CACHE_LOCK:
+        _CACHE[key] = (weakref.ref(weight), packed, sz, g)
+    weakref.finalize(weight, _CACHE.pop, key, None)
+    return packed, sz, g
+
+
+def _dequant_bf16(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    n, k = weight.shape[0], weight.shape[1] * 2
+    w = torch.stack((weight & 15, weight >> 4), dim=-1).view(n, k // group_size, group_size).to(_BF16)
+    w.sub_(8).mul_(scales.to(_BF16).unsqueeze(-1))
+    return w.view(n, k)
+
+
+def _prepare(x: torch.Tensor, k: int, act_quant: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The bf16 GEMM operand and the per-token scale to apply after the GEMM (8da4w: the operand is the exact
+    integer ``q - zero_point``, which bf16 holds exactly, so only the weights' side is rounded)."""
+    x2 = x.reshape(-1, k)
+    if not act_quant:
+        return x2.to(_BF16), None
+    centered, scale = quantize_per_token(x2.float())
+    return centered.to(_BF16), scale
+
+
+def _finish(y: torch.Tensor, x: torch.Tensor, token_scale: torch.Tensor | None, bias: torch.Tensor | None,
+            out: torch.Tensor | None) -> torch.Tensor:
+    shape = (*x.shape[:-1], y.shape[-1])
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype)
+    out.copy_(y.view(shape))
+    if token_scale is not None:
+        out.mul_(token_scale.view(*shape[:-1], 1))
+    if bias is not None:
+        out.add_(bias)
+    return out
+
+
+def _q4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, group_size: int,
+        act_quant: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    k = weight.shape[1] * 2
+    xb, token_scale = _prepare(x, k, act_quant)
+    if xb.shape[0] <= SMALL_M:
+        packed, sz, g = _cpu_int4(weight, scales, group_size)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, g, sz)
+    else:
+        y = torch.mm(xb, _dequant_bf16(weight, scales, group_size).t())
+    return _finish(y, x, token_scale, bias, out)
+
+
+def _q8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, act_quant: bool,
+        out: torch.Tensor | None = None) -> torch.Tensor:
+    xb, token_scale = _prepare(x, weight.shape[1], act_quant)
+    if xb.shape[0] <= SMALL_M:
+        y = torch.ops.aten._weight_int8pack_mm(xb, weight, scales.to(_BF16))
+    else:
+        y = torch.mm(xb, weight.to(_BF16).mul_(scales.to(_BF16).unsqueeze(-1)).t())
+    return _finish(y, x, token_scale, bias, out)
+
+
+@torch.library.impl(_lib, "linear_q4", "CompositeExplicitAutograd")
+def _linear_q4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+               group_size: int, act_quant: bool) -> torch.Tensor:
+    return _q4(x, weight, scales, bias, group_size, act_quant)
+
+
+@torch.library.impl(_lib, "linear_q4.out", "CompositeExplicitAutograd")
+def _linear_q4_out(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                   group_size: int, act_quant: bool, *, out: torch.Tensor) -> torch.Tensor:
+    return _q4(x, weight, scales, bias, group_size, act_quant, out)
+
+
+@torch.library.impl(_lib, "linear_q8", "CompositeExplicitAutograd")
+def _linear_q8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+               act_quant: bool) -> torch.Tensor:
+    return _q8(x, weight, scales, bias, act_quant)
+
+
+@torch.library.impl(_lib, "linear_q8.out", "CompositeExplicitAutograd")
+def _linear_q8_out(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                   act_quant: bool, *, out: torch.Tensor) -> torch.Tensor:
+    return _q8(x, weight, scales, bias, act_quant, out)
+
+
+@torch.library.register_fake("edgetorch::linear_q4", lib=_lib)
+def _linear_q4_fake(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                    group_size: int, act_quant: bool) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("edgetorch::linear_q8", lib=_lib)
+def _linear_q8_fake(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                    act_quant: bool) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+#: the overloads a program may call (registered with the runtime's operator allow-list when it has one)
+OPERATORS = (torch.ops.edgetorch.linear_q4.default, torch.ops.edgetorch.linear_q4.out,
+             torch.ops.edgetorch.linear_q8.default, torch.ops.edgetorch.linear_q8.out)
+
+
+def _register_with_runtime() -> None:
+    from edgetorch.runtime import ops
+
+    register = getattr(ops, "register_operator", None)
+    if register is not None:
+        for op in OPERATORS:
+            register(op)
+
+
+_register_with_runtime()

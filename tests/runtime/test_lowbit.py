@@ -1,0 +1,108 @@
+"""The low-bit linear kernels (``edgetorch::linear_q4`` / ``linear_q8``): packing round-trips, the activation
+quantization is torchao's bit for bit, and each op equals torchao's eager quantized linear within the documented
+tolerance on both of its paths (matrix-vector up to ``SMALL_M`` rows, dequantize + GEMM above)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from edgetorch.runtime import lowbit
+
+torchao = pytest.importorskip("torchao")
+from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_  # noqa: E402
+from torchao.quantization.granularity import PerAxis, PerGroup  # noqa: E402
+
+#: documented tolerance of the kernels (bf16 operands, fp32 accumulation), relative to the output's magnitude
+REL_TOL = 2e-2
+
+
+def test_int4_packing_round_trips_and_is_two_per_byte():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-8, 8, (48, 96), generator=g, dtype=torch.int8)
+    packed = lowbit.pack_int4(q)
+    assert packed.dtype == torch.uint8 and packed.shape == (48, 48)
+    assert torch.equal(lowbit.unpack_int4(packed), q)
+    assert int(packed[0, 0]) == (int(q[0, 0]) + 8) | ((int(q[0, 1]) + 8) << 4)
+
+
+def test_activation_quantization_is_torchaos_bit_for_bit():
+    from torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor import (
+        _apply_int8_act_asym_per_token_quant_dequant,
+    )
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 64, generator=g) * torch.linspace(0.01, 30, 5).unsqueeze(1)
+    x[2] = x[2].abs()  # a token with no negative value (zero point at the bottom)
+    assert torch.equal(lowbit.fake_quant_per_token(x), _apply_int8_act_asym_per_token_quant_dequant(x))
+
+
+def _quantized(config, in_features=256, out_features=96):
+    lin = torch.nn.Linear(in_features, out_features, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(2)) * 0.05)
+    q = copy.deepcopy(lin)
+    quantize_(q, config)
+    return q
+
+
+def _lowered(q):
+    from edgetorch.export.lowbit import lower_lowbit_modules
+
+    holder = torch.nn.Sequential(copy.deepcopy(q))
+    report = lower_lowbit_modules(holder)
+    assert report.lowered == ["0"], report.skipped
+    return holder[0]
+
+
+CONFIGS = {
+    "8da4w_g32": Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
+    "8da4w_per_channel": Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+                                                               weight_granularity=PerAxis(0)),
+    "int4_weight_only_g64": IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(64)),
+    "int8_weight_only": IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)),
+}
+
+
+@pytest.mark.parametrize("rows", [1, 7, lowbit.SMALL_M + 9], ids=["decode", "few", "prefill"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_op_matches_torchao_eager_within_tolerance(name, rows):
+    q = _quantized(CONFIGS[name])
+    low = _lowered(q)
+    x = torch.randn(1, rows, 256, generator=torch.Generator().manual_seed(rows))
+    with torch.no_grad():
+        want, got = q(x), low(x)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    err = float((got - want).abs().max() / want.abs().max())
+    assert err <= REL_TOL, f"{name}: relative error {err:.4f}"
+    # the low-bit op is not a float copy of torchao's: its weight stays packed
+    assert low.weight.dtype == (torch.int8 if name == "int8_weight_only" else torch.uint8)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_out_variant_writes_the_functional_result(bits):
+    config = CONFIGS["8da4w_g32" if bits == 4 else "int8_weight_only"]
+    low = _lowered(_quantized(config))
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5))
+    out = torch.full((3, 96), float("nan"))
+    if bits == 4:
+        want = torch.ops.edgetorch.linear_q4(x, low.weight, low.scales, low.bias, low.group_size, low.act_quant)
+        torch.ops.edgetorch.linear_q4.out(x, low.weight, low.scales, low.bias, low.group_size, low.act_quant,
+                                          out=out)
+    else:
+        s = low.scales.reshape(-1)
+        want = torch.ops.edgetorch.linear_q8(x, low.weight, s, low.bias, low.act_quant)
+        torch.ops.edgetorch.linear_q8.out(x, low.weight, s, low.bias, low.act_quant, out=out)
+    assert torch.equal(out, want)
+
+
+def test_int4_kernel_layout_is_made_once_per_weight():
+    low = _lowered(_quantized(CONFIGS["8da4w_g32"]))
+    x = torch.randn(1, 256)
+    low(x)
+    first = lowbit._cpu_int4(low.weight, low.scales, low.group_size)[0]
+    low(x)
+    assert lowbit._cpu_int4(low.weight, low.scales, low.group_size)[0] is first
+    assert first.dtype == torch.uint8 and first.numel() == low.weight.numel()  # int4 in memory, never float
