@@ -150,3 +150,24 @@ def test_hugging_face_causal_lm_through_the_8da4w_recipe(family):
     want = torch.stack([s.reshape(-1) for s in got.step_logits])
     err = float((want - logits).abs().max() / logits.abs().max())
     assert err <= REL_TOL
+
+
+def test_a_fresh_runtime_process_runs_the_low_bit_program(llama, tmp_path):
+    import subprocess
+    import sys
+
+    model, _ = llama
+    session = _export_llama(model, ExportRecipe.get_recipe(PortableRecipeType.TORCHAO_INT4_WEIGHT_ONLY))
+    path = tmp_path / "int4.pte"
+    session.save_to_pte(str(path))
+    inputs = llama_method_inputs(model.config)["decode"]
+    want = session.run_method("decode", inputs)[0]
+    torch.save(inputs, tmp_path / "inputs.pt")
+    code = ("import sys, torch; from edgetorch.runtime import Runtime; "
+            f"x = torch.load({str(tmp_path / 'inputs.pt')!r}); "
+            f"y = Runtime.get().load_program({str(path)!r}).load_method('decode').execute(*x)[0]; "
+            f"torch.save(y, {str(tmp_path / 'y.pt')!r}); "
+            "print(sorted(m for m in sys.modules if m.startswith(('edgetorch.exir', 'edgetorch.export', 'torchao'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "[]"  # neither the compiler nor torchao: the kernels live in the runtime
+    assert torch.equal(torch.load(tmp_path / "y.pt"), want)
