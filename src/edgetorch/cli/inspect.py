@@ -4,6 +4,13 @@
     edgetorch inspect --etdump etdump.etdp --etrecord etrecord.bin --debug-buffer debug_output.bin --gap MSE
                       [--tsv gaps.tsv] [--report report.html] [--model-explorer-json nodes.json] [--method forward]
     edgetorch inspect ... --gap --reference-graph float        # an INT8 program against its float model
+    edgetorch inspect ... --gap --execution 3                  # call 3 of a recording (`edgetorch generate --etdump`)
+    edgetorch inspect ... --gap --execution all                # one line per call, then the first call's culprits
+
+``--execution K`` replays the reference on the inputs every call logged (a debug buffer records them), the mutable
+buffers (KV caches) carried from call to call, and compares call K (``Inspector.calculate_numeric_gap(
+execution=K)``); ``all`` checks every call. Without it, a method whose ETRecord holds no representative input is
+compared on the inputs its run logged, the same way.
 
 ``--reference-graph float`` (a program exported with a quantization recipe, whose ETRecord holds the float model)
 prints one row per float op over every recorded sample: the accumulated and the local SQNR (the error the op's
@@ -48,7 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --reference-graph float: also measure what each layer's own error alone does to the "
                         "model's output (injected into the float model: one float forward per layer and sample)")
     p.add_argument("--method", default=None, help="method to analyse (default forward, or the only one run)")
-    p.add_argument("--run", type=int, default=0, help="which recorded execution to analyse (default 0)")
+    p.add_argument("--run", type=int, default=0, help="which run of --method to analyse (default 0)")
+    p.add_argument("--execution", default=None, metavar="K|all",
+                   help="with --gap (MSE when not given): analyse call K of the whole recording (any method; "
+                        "earlier calls replayed, KV caches carried over), or every call ('all')")
     p.add_argument("--rows", type=int, default=40, help="table rows to print (default 40; 0 = all)")
     p.add_argument("--tsv", default=None, help="also write the table (profile or gaps) as TSV")
     p.add_argument("--report", default=None, help="write the HTML report (culprits, edge graph, gap table, profile)")
@@ -103,6 +113,9 @@ def _main(args: argparse.Namespace) -> int:
     _check_input(args.etdump, "--etdump")
     _check_input(args.etrecord, "--etrecord")
     _check_input(args.debug_buffer, "--debug-buffer")
+    args.execution = _execution_arg(args.execution)
+    if args.execution is not None and args.gap is None:
+        args.gap = "MSE"
     if args.gap is not None:
         if args.gap not in _DISTANCES:
             raise CliError(f"--gap must be one of {', '.join(_DISTANCES)}, got {args.gap}")
@@ -133,7 +146,7 @@ def _main(args: argparse.Namespace) -> int:
             raise CliError("--model-explorer-json overlays edge-program rows; it cannot take the float-model table "
                            "of --reference-graph float")
 
-    from edgetorch.cli._table import Steps, print_culprits, print_gap_table, table_console
+    from edgetorch.cli._table import Steps, print_culprits, table_console
     from edgetorch.devtools.inspector import Inspector
     from edgetorch.errors import EdgeTorchError
 
@@ -157,36 +170,25 @@ def _main(args: argparse.Namespace) -> int:
     if method is None:
         method = "forward" if "forward" in methods or not methods else methods[0]
 
-    gap_df, culprits, quant_df = None, None, None
+    gap_df, culprits, quant_df, generation_df = None, None, None, None
     if args.gap is not None and args.reference_graph == "float":
         quant_df = _float_table(inspector, args, method, console, steps)
     elif args.gap is not None:
-        inputs = None
-        rec = inspector.etrecord
-        blocks = [b for b in inspector.event_blocks if b.method == method and b.name != "load"]
-        idx = blocks[0].bundled_input_index if blocks else None
-        reps = (getattr(rec, "representative_inputs", None) or {}).get(method) or []
-        if idx is not None and args.run == 0 and idx < len(reps):
-            inputs = reps[idx]  # the run used bundled test case `idx`: compare against the same inputs
         try:
-            with steps:
-                steps.next(f"computing {args.gap} numeric gaps of '{method}' (re-running the reference graph op by "
-                           "op)")
-                gap_df = inspector.calculate_numeric_gap(args.gap, method=method, run=args.run, inputs=inputs,
-                                                         reference_graph=args.reference_graph)
+            if args.execution == "all":
+                gap_df, culprits, generation_df = _every_execution(inspector, args, console, steps)
+            else:
+                gap_df = _gap_table(inspector, args, method, steps)
         except EdgeTorchError as e:
             raise CliError(str(e)) from None
-        print_gap_table(console, gap_df, f"numeric gap ({args.gap}) per op of '{method}', execution order",
-                        args.rows, "--rows 0 shows all")
-        if inspector.last_gap_coverage is not None:
-            console.print(inspector.last_gap_coverage.summary(), highlight=False, markup=False)
-        if gap_df.attrs.get("observer_effect") is not None:
-            console.print(observer_effect_line(gap_df.attrs["observer_effect"]), highlight=False)
-        culprits = _culprits(inspector, gap_df)
-        print_culprits(console, gap_df, culprits, args.gap)
-        _float_hint(console, inspector, method, args.reference_graph)
+        if gap_df is not None:
+            method = gap_df.attrs.get("method", method)
+            _print_gaps(console, inspector, gap_df, args, method)
+            culprits = _culprits(inspector, gap_df) if args.execution != "all" else culprits
+            print_culprits(console, gap_df, culprits, args.gap)
+            _float_hint(console, inspector, method, args.reference_graph)
     else:
-        inspector.print_data_tabular(file=sys.stdout)
+        inspector.print_data_tabular(file=sys.stdout, rows=args.rows)
 
     try:
         if args.tsv:
@@ -209,9 +211,11 @@ def _main(args: argparse.Namespace) -> int:
                         summary["observer effect"] = observer_effect_line(inspector.observer_effect)
                 if gap_df is not None and inspector.last_gap_coverage is not None:
                     summary["coverage"] = inspector.last_gap_coverage.summary()
+                if generation_df is None and quant_df is None:
+                    generation_df = _generation_gaps(inspector, args.gap or "MSE")
                 write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
                              title=f"edgetorch inspect: {os.path.basename(args.etdump)}",
-                             generation_df=_generation_gaps(inspector, args.gap) if gap_df is not None else None,
+                             generation_df=generation_df,
                              etrecord=inspector.etrecord if gap_df is not None else None,
                              culprits=culprits if gap_df is not None else None, quant_df=quant_df)
             console.print(f"report written to {args.report}", highlight=False, markup=False)
@@ -291,15 +295,112 @@ def _culprits(inspector: Any, gap_df: Any) -> Any:
 
 
 def _generation_gaps(inspector: Any, distance: str) -> Any:
-    """The final-output gap per execution when the ETDump holds several calls with their inputs, else None."""
+    """The final-output gap per execution when the ETDump holds several calls with their inputs (and the
+    ETRecord and debug buffer were given), else None."""
     from edgetorch.errors import InspectorError
 
-    if len(inspector.executions) < 2:
+    if inspector.etrecord is None or len(inspector.executions) < 2:
         return None
     try:
         return inspector.generation_gaps(distance)
     except InspectorError:
-        return None  # inputs not logged (an older ETDump): no replay
+        return None  # inputs not logged (an older ETDump) or no debug buffer: no replay
+
+
+def _execution_arg(value: str | None) -> int | str | None:
+    if value is None or value.lower() == "all":
+        return None if value is None else "all"
+    try:
+        k = int(value)
+    except ValueError:
+        raise CliError(f"--execution must be a call index (0, 1, ...) or 'all', got {value!r}") from None
+    if k < 0:
+        raise CliError(f"--execution must be >= 0, got {k}")
+    return k
+
+
+def _logged_execution(inspector: Any, method: str, run: int) -> int | None:
+    """The call index of run ``run`` of ``method`` when the ETDump logged its inputs (a debug buffer), else None."""
+    from edgetorch.errors import InspectorError
+
+    try:
+        executions = inspector.executions
+    except InspectorError:
+        return None
+    for ex in executions:
+        if ex.method == method and ex.run == run:
+            return ex.index if inspector._replay(None).records[ex.index].inputs is not None else None
+    return None
+
+
+def _gap_table(inspector: Any, args: argparse.Namespace, method: str, steps: Any) -> Any:
+    """The gap table of one call: ``--execution K``, else run ``--run`` of ``method`` on its representative input
+    (the bundled test case it ran), or on the inputs it logged when the ETRecord holds none."""
+    if args.execution is None:
+        rec = inspector.etrecord
+        blocks = [b for b in inspector.event_blocks if b.method == method and b.name != "load"]
+        idx = blocks[0].bundled_input_index if blocks else None
+        reps = (getattr(rec, "representative_inputs", None) or {}).get(method) or []
+        if idx is not None and args.run == 0 and idx < len(reps):
+            with steps:  # the run used bundled test case `idx`: compare against the same inputs
+                steps.next(f"computing {args.gap} numeric gaps of '{method}' (re-running the reference graph op "
+                           "by op)")
+                return inspector.calculate_numeric_gap(args.gap, method=method, run=args.run, inputs=reps[idx],
+                                                       reference_graph=args.reference_graph)
+        if args.run < len(reps) or args.reference_graph is not None:
+            with steps:
+                steps.next(f"computing {args.gap} numeric gaps of '{method}' (re-running the reference graph op "
+                           "by op)")
+                return inspector.calculate_numeric_gap(args.gap, method=method, run=args.run,
+                                                       reference_graph=args.reference_graph)
+        args.execution = _logged_execution(inspector, method, args.run)
+        if args.execution is None:  # the Inspector's own error: no representative input
+            return inspector.calculate_numeric_gap(args.gap, method=method, run=args.run)
+    with steps:
+        steps.next(f"computing {args.gap} numeric gaps of call {args.execution} (replaying the calls before it on "
+                   "their logged inputs)")
+        return inspector.calculate_numeric_gap(args.gap, execution=args.execution,
+                                               reference_graph=args.reference_graph)
+
+
+def _print_gaps(console: Any, inspector: Any, gap_df: Any, args: argparse.Namespace, method: str) -> None:
+    from edgetorch.cli._table import print_gap_table
+
+    ex = gap_df.attrs.get("execution")
+    where = f"'{method}'" if ex is None else f"call {ex} ('{method}' run {gap_df.attrs.get('run')})"
+    print_gap_table(console, gap_df, f"numeric gap ({args.gap}) per op of {where}, execution order", args.rows,
+                    "--rows 0 shows all")
+    if inspector.last_gap_coverage is not None:
+        console.print(inspector.last_gap_coverage.summary(), highlight=False, markup=False)
+    if gap_df.attrs.get("observer_effect") is not None:
+        console.print(observer_effect_line(gap_df.attrs["observer_effect"]), highlight=False)
+
+
+def _every_execution(inspector: Any, args: argparse.Namespace, console: Any, steps: Any) -> tuple[Any, Any, Any]:
+    """``--execution all``: one line per call (final-output gap, worst local gap, culprits); returns the gap table
+    and culprits of the first call with a culprit (else of the last call), and the per-call table."""
+    from edgetorch.cli._table import sci
+
+    n = len(inspector.executions)
+    with steps:
+        steps.next(f"computing {args.gap} numeric gaps of all {n} calls (replaying them on their logged inputs)")
+        per_call = inspector.generation_gaps(args.gap)
+        tables = [inspector.calculate_numeric_gap(args.gap, execution=k) for k in range(n)]
+    found = [_culprits(inspector, df) for df in tables]
+    counts = [0 if c is None else len(c) for c in found]
+    console.print(f"numeric gap ({args.gap}) per call: final output against the replayed reference",
+                  highlight=False, markup=False)
+    for row, count in zip(per_call.itertuples(), counts):
+        worst = "" if row.worst_op is None else f", worst op {', '.join(row.worst_op)}"
+        console.print(f"  call {row.execution:>3} {row.method:<10} run {row.run:>3}: output gap "
+                      f"{sci(row.output_gap) or '-'}, worst local gap {sci(row.worst_local_gap) or '0'}{worst}; "
+                      f"{count} culprit(s)", highlight=False, markup=False)
+    first = next((k for k, c in enumerate(counts) if c), None)
+    console.print(f"no culprit in any of the {n} calls" if first is None else
+                  f"first call with a culprit: {first} ({sum(1 for c in counts if c)} of {n} calls have one)",
+                  highlight=False, markup=False)
+    k = n - 1 if first is None else first
+    return tables[k], found[k], per_call
 
 
 def run(args: argparse.Namespace) -> int:

@@ -219,13 +219,18 @@ class Inspector:
         return df.drop(columns=[c for c in _HIDDEN_COLUMNS if c in df.columns])
 
     def print_data_tabular(self, file: IO[str] = sys.stdout, include_units: bool = True,
-                           include_delegate_debug_data: bool = False) -> None:
-        """Prints the profile as a table (rich)."""
+                           include_delegate_debug_data: bool = False, rows: int = 0) -> None:
+        """Prints the profile as a table (rich); ``rows`` > 0 prints the first ``rows`` rows and says how many
+        more there are."""
         from rich.console import Console
         from rich.table import Table
 
         df = self._display_frame(include_units)
-        table = Table(title="edgetorch profile", show_lines=False)
+        more = len(df) - rows if 0 < rows < len(df) else 0
+        if more:
+            df = df.iloc[:rows]
+        table = Table(title="edgetorch profile", show_lines=False,
+                      caption=f"... {more} more rows (--rows 0 shows all)" if more else None)
         for c in df.columns:
             if c in ("event_name", "event_block_name"):
                 table.add_column(str(c), no_wrap=True)
