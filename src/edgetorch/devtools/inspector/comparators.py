@@ -22,10 +22,19 @@ import torch
 
 
 class NumericalComparatorBase(ABC):
-    """Subclass and implement ``element_compare``; optionally ``preprocessing`` (e.g. dequantize, relayout)."""
+    """Subclass and implement ``element_compare``; optionally ``preprocessing`` (e.g. dequantize, relayout).
+
+    ``preprocessing`` may follow edgetorch's contract, ``preprocessing(a, b) -> (a, b)`` per pair, or the
+    reference ExecuTorch's, ``preprocessing(mapping) -> mapping`` with ``mapping`` {(aot handles, aot value):
+    (runtime handles, runtime value)}: a one-argument override is called with a one-entry mapping per pair
+    (handles ``()`` when unknown) and must return a mapping of the same shape. ``__init__(inspector=None)`` as in
+    the reference; the Inspector sets ``inspector`` when it is None."""
 
     name: str = "custom"
     inspector: Any = None
+
+    def __init__(self, inspector: Any = None) -> None:
+        self.inspector = inspector
     #: the metric of two bit-identical tensors, if known without computing (lets the Inspector skip work)
     identical_value: float | None = None
 
@@ -37,8 +46,37 @@ class NumericalComparatorBase(ABC):
         return a, b
 
     def compare(self, a: torch.Tensor, b: torch.Tensor) -> float:
-        a, b = self.preprocessing(a, b)
+        if _takes_mapping(type(self).preprocessing):
+            a, b = _preprocess_mapping(self, a, b)
+        else:
+            a, b = self.preprocessing(a, b)
         return float(self.element_compare(a, b))
+
+
+def _takes_mapping(fn: Any) -> bool:
+    """Whether a ``preprocessing`` override follows the reference's one-argument (mapping) contract."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]  # past self
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    return len(required) == 1 and not any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _preprocess_mapping(cmp: NumericalComparatorBase, a: Any, b: Any) -> tuple[Any, Any]:
+    out = cmp.preprocessing({((), a): ((), b)})
+    if not (isinstance(out, dict) and len(out) == 1):
+        raise ValueError(f"{type(cmp).__name__}.preprocessing(mapping) must return a one-entry mapping "
+                         f"{{(handles, aot value): (handles, runtime value)}} for a one-entry input, got "
+                         f"{type(out).__name__}")
+    ((key, val),) = out.items()
+    if not (isinstance(key, tuple) and len(key) == 2 and isinstance(val, tuple) and len(val) == 2):
+        raise ValueError(f"{type(cmp).__name__}.preprocessing(mapping) must map (handles, value) tuples to "
+                         "(handles, value) tuples")
+    return key[1], val[1]
 
 
 #: the metric of integer and bool rows: fraction of mismatching elements (0.0 = identical)
@@ -69,9 +107,24 @@ def _reduce_diff(a: torch.Tensor, b: torch.Tensor, reduce: Callable[[torch.Tenso
     return v if math.isfinite(v) else reduce(_diff(a, b))
 
 
-def _prep(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat views of both tensors in a common floating dtype of at least float32 (no copy for float32)."""
-    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+def _as_tensor(x: Any, what: str) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (bool, int, float)) or (isinstance(x, (list, tuple)) and x):
+        try:
+            return torch.as_tensor(x, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise ValueError(f"cannot compare {what} of type {type(x).__name__}: expected a tensor or a number")
+
+
+def _prep(a: Any, b: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat views of both values (tensors, or Python numbers as the reference accepts) in a common floating
+    dtype of at least float32 (no copy for float32). ``ValueError`` when the element counts differ."""
+    a, b = _as_tensor(a, "the reference value").reshape(-1), _as_tensor(b, "the runtime value").reshape(-1)
+    if a.numel() != b.numel():
+        raise ValueError(f"cannot compare {a.numel()} reference elements with {b.numel()} runtime elements "
+                         "(shape mismatch)")
     dt = torch.promote_types(a.dtype, b.dtype)
     if not dt.is_floating_point or dt.itemsize < 4:
         dt = torch.float32 if dt.is_floating_point else torch.float64

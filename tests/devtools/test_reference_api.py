@@ -1,0 +1,81 @@
+"""Issue 26: the public API the reference ExecuTorch's users call first, on edgetorch (comparator contract,
+built-in comparators on Python numbers and mismatched shapes, Inspector.get_op_list and save_data_to_tsv's
+keywords, generate_etrecord's current signature, ExecutorchProgramManager.dump_executorch_program)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgetorch.devtools import Inspector
+from edgetorch.devtools.inspector.comparators import (
+    L1Comparator,
+    MSEComparator,
+    NumericalComparatorBase,
+    SNRComparator,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "reference"
+
+
+def _inspector(name: str = "cnn_portable") -> Inspector:
+    return Inspector(etdump_path=DATA / f"{name}.etdp", etrecord=DATA / f"{name}_etrecord.bin",
+                     debug_buffer_path=DATA / f"{name}_debug.bin")
+
+
+class DoubledMSE(NumericalComparatorBase):
+    """Written to the reference's contract: __init__(inspector), preprocessing(mapping) on the whole mapping."""
+
+    def __init__(self, inspector=None):
+        super().__init__(inspector)
+        self.seen = 0
+
+    def preprocessing(self, mapping):
+        self.seen += len(mapping)
+        return {(h, a * 2): (rh, b * 2) for (h, a), (rh, b) in mapping.items()}
+
+    def element_compare(self, a, b) -> float:
+        return float(torch.mean((a.double() - b.double()) ** 2))
+
+
+def test_reference_style_comparator():
+    ins = _inspector()
+    cmp = DoubledMSE()
+    assert cmp.inspector is None
+    df = ins.calculate_numeric_gap(cmp)
+    mse = ins.calculate_numeric_gap("MSE")
+    assert cmp.seen >= len(df) and cmp.inspector is ins
+    for g, m in zip(df["gap"], mse["gap"]):  # doubling both sides quadruples the MSE
+        assert g[0] == pytest.approx(4 * m[0], rel=1e-6, abs=1e-30)
+
+
+def test_comparator_with_inspector_argument():
+    ins = _inspector("mlp_portable")
+    cmp = DoubledMSE(ins)
+    assert cmp.inspector is ins
+
+
+def test_builtin_comparators_take_python_numbers():
+    assert MSEComparator().element_compare(1.0, 3.0) == 4.0
+    assert L1Comparator().element_compare([1.0, 2.0], [2.0, 4.0]) == 3.0
+    assert SNRComparator().element_compare(2, 2) == math.inf
+
+
+@pytest.mark.parametrize("cmp", [MSEComparator(), L1Comparator(), SNRComparator()])
+def test_shape_mismatch_is_a_value_error(cmp):
+    with pytest.raises(ValueError, match="mismatch"):
+        cmp.element_compare(torch.ones(3), torch.ones(4))
+    with pytest.raises(ValueError):
+        cmp.element_compare("a", torch.ones(1))
+
+
+def test_bad_mapping_preprocessing_is_a_value_error():
+    class Bad(DoubledMSE):
+        def preprocessing(self, mapping):
+            return [1, 2]
+
+    with pytest.raises(ValueError, match="mapping"):
+        Bad().compare(torch.ones(2), torch.ones(2))
