@@ -4,6 +4,7 @@ keywords, generate_etrecord's current signature, ExecutorchProgramManager.dump_e
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -79,3 +80,30 @@ def test_bad_mapping_preprocessing_is_a_value_error():
 
     with pytest.raises(ValueError, match="mapping"):
         Bad().compare(torch.ones(2), torch.ones(2))
+
+
+def test_get_op_list():
+    ins = _inspector("cnn_xnnpack")
+    ops = ins.get_op_list("Execute")
+    assert [e.name for e in ops["aten::mean"]] == ["native_call_mean.out"]
+    assert [e.name for e in ops["aten::convolution"]] == ["DELEGATE_CALL"]
+    assert set(ops) == {op for b in ins.event_blocks if b.name == "Execute" for e in b.events for op in e.op_types}
+    portable = _inspector("cnn_portable").get_op_list("Execute", show_delegated_ops=False)
+    assert [e.name for e in portable["aten::convolution"]] == ["native_call_convolution.out"] * 2
+    from edgetorch.errors import InspectorError
+
+    with pytest.raises(InspectorError, match="no event block"):
+        ins.get_op_list("nope")
+
+
+def test_save_data_to_tsv_keywords(tmp_path):
+    ins = _inspector("cnn_portable")
+    buf = io.StringIO()
+    ins.save_data_to_tsv(buf, include_units=False, include_delegate_debug_data=True)
+    header, *rows = buf.getvalue().splitlines()
+    cols = header.split("\t")
+    assert "avg" in cols and "avg (ms)" not in cols and "delegate_debug_metadata" in cols
+    names = [r.split("\t")[cols.index("event_name")] for r in rows]
+    assert "OPERATOR_CALL" not in names and names.count("native_call_convolution.out") == 2
+    ins.save_data_to_tsv(tmp_path / "p.tsv")
+    assert "avg (ms)" in (tmp_path / "p.tsv").read_text().splitlines()[0].split("\t")

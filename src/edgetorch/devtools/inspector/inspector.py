@@ -212,10 +212,12 @@ class Inspector:
             df["delegate_debug_metadata"] = md
         return df
 
-    def _display_frame(self, include_units: bool) -> pd.DataFrame:
-        df = self.to_dataframe(include_units)
+    def _display_frame(self, include_units: bool, include_delegate_debug_data: bool = False) -> pd.DataFrame:
+        df = self.to_dataframe(include_units, include_delegate_debug_data)
         if df.empty:
             return df
+        if self._etdump.producer == "executorch":  # as the reference prints: its OPERATOR_CALL scopes hidden
+            df = df[df["event_name"] != ed.OPERATOR_CALL].reset_index(drop=True)
         return df.drop(columns=[c for c in _HIDDEN_COLUMNS if c in df.columns])
 
     def print_data_tabular(self, file: IO[str] = sys.stdout, include_units: bool = True,
@@ -242,14 +244,35 @@ class Inspector:
             table.add_row(*[escape(_fmt(v)) for v in row.tolist()])
         Console(file=file, width=240).print(table)
 
-    def save_data_to_tsv(self, file: str | os.PathLike | IO[str]) -> None:
-        df = self._display_frame(True)
+    def save_data_to_tsv(self, file: str | os.PathLike | IO[str], include_units: bool = True,
+                         include_delegate_debug_data: bool = False) -> None:
+        """Writes the printed profile table as tab-separated values (the reference's keywords: time units in the
+        headers, and a ``delegate_debug_metadata`` column)."""
+        df = self._display_frame(include_units, include_delegate_debug_data)
         if isinstance(file, (str, os.PathLike)):
             from edgetorch._fileio import atomic_write
 
             atomic_write(file, [df.to_csv(sep="\t", index=False).encode()])
         else:
             df.to_csv(file, sep="\t", index=False)
+
+    def get_op_list(self, event_block: str, show_delegated_ops: bool | None = True) -> dict[str, list[Event]]:
+        """{op type: [events running it]} of the event block named ``event_block`` (every block of that name),
+        framework events and the reference's ``OPERATOR_CALL`` scopes left out; ``show_delegated_ops=False``
+        leaves out the ops a backend logs inside a delegate call. Raises ``InspectorError`` for an unknown
+        block name."""
+        blocks = [b for b in self.event_blocks if b.name == event_block]
+        if not blocks:
+            raise InspectorError(f"no event block named {event_block!r}; blocks: "
+                                 f"{sorted({b.name for b in self.event_blocks})}")
+        ops: dict[str, list[Event]] = {}
+        for ev in (e for b in blocks for e in b.events):
+            if ev.name in FRAMEWORK_EVENTS or ev.name == ed.OPERATOR_CALL or (ev.is_delegated_op
+                                                                            and not show_delegated_ops):
+                continue
+            for op in dict.fromkeys(ev.op_types):
+                ops.setdefault(op, []).append(ev)
+        return ops
 
     def find_total_for_module(self, module_name: str) -> float:
         """Sum of average times (target unit) of the events whose module path contains ``module_name``."""
