@@ -107,3 +107,35 @@ def test_save_data_to_tsv_keywords(tmp_path):
     assert "OPERATOR_CALL" not in names and names.count("native_call_convolution.out") == 2
     ins.save_data_to_tsv(tmp_path / "p.tsv")
     assert "avg (ms)" in (tmp_path / "p.tsv").read_text().splitlines()[0].split("\t")
+
+
+def test_generate_etrecord_both_signatures(tmp_path):
+    from torch import nn
+
+    from edgetorch.devtools.etrecord import generate_etrecord, parse_etrecord
+    from edgetorch.exir import to_edge
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU()).eval()
+    ep = torch.export.export(model, (x,))
+    edge = to_edge(ep)
+    et = edge.to_executorch()
+    other = torch.export.export(nn.Linear(8, 2).eval(), (x,))
+    calls = {
+        "reference keyword": lambda p: generate_etrecord(p, edge, et, ep, extra_recorded_export_modules={"o": other}),
+        "reference positional": lambda p: generate_etrecord(p, edge, et, ep, {"o": other}),
+        "earlier positional": lambda p: generate_etrecord(p, edge, et, {"o": other}, ep),
+        "earlier keyword": lambda p: generate_etrecord(p, edge, et, export_modules={"o": other}, exported_program=ep),
+    }
+    for what, call in calls.items():
+        path = tmp_path / f"{what.replace(' ', '_')}.etrecord"
+        call(path)
+        rec = parse_etrecord(path)
+        assert set(rec.graph_map) == {"o/forward"}, what
+        torch.testing.assert_close(rec.exported_programs["forward"].module()(x), model(x))
+        torch.testing.assert_close(rec.graph_map["o/forward"].module()(x), other.module()(x))
+    with pytest.raises(TypeError, match="both"):
+        generate_etrecord(tmp_path / "x", edge, et, {"o": other}, extra_recorded_export_modules={"o": other})
+    with pytest.raises(TypeError, match="not both"):
+        generate_etrecord(tmp_path / "x", edge, et, export_modules={}, extra_recorded_export_modules={})

@@ -519,20 +519,55 @@ def parse_etrecord(etrecord_path: PathOrFile) -> ETRecord:
 
 
 def generate_etrecord(et_record: str | os.PathLike | IO[bytes], edge_dialect_program: Any, executorch_program: Any,
-                      export_modules: dict[str, Any] | None = None,
-                      exported_program: ExportedProgram | dict[str, ExportedProgram] | None = None) -> None:
+                      *args: Any, export_modules: dict[str, Any] | None = None,
+                      exported_program: ExportedProgram | dict[str, ExportedProgram] | None = None,
+                      extra_recorded_export_modules: dict[str, Any] | None = None) -> None:
     """Legacy one-shot API: builds an ETRecord from the edge program(s), the ExecutorchProgramManager (or a
     BundledProgram-like object) and optional extra modules, and writes it to ``et_record``.
 
+    Both signatures are accepted: the reference's current one, ``(path, edge, executorch, exported_program=None,
+    extra_recorded_export_modules=None)``, and the earlier one, ``(path, edge, executorch, export_modules=None,
+    exported_program=None)``. A 4th positional ``ExportedProgram`` is the ATen program (then a 5th is the extra
+    modules); a 4th positional dict is the extra modules (then a 5th is the ATen program).
     No deepcopy is needed: ``to_executorch`` does not mutate the edge programs. When ``exported_program`` is
     not given, the ATen programs kept by the EdgeProgramManager are recorded.
     """
+    extra = _extra_modules(args, export_modules, extra_recorded_export_modules)
+    if len(args) >= 1 and isinstance(args[0], ExportedProgram):
+        exported_program = _once(exported_program, args[0], "exported_program")
+    elif len(args) == 2:
+        exported_program = _once(exported_program, args[1], "exported_program")
     rec = ETRecord()
     if exported_program is None:
         exported_program = getattr(edge_dialect_program, "_aten_programs", None) or None
     rec.add_exported_program(exported_program)
     rec.add_edge_dialect_program(edge_dialect_program)
     rec.add_executorch_program(executorch_program)
-    if export_modules:
-        rec.add_extra_export_modules(export_modules)
+    if extra:
+        rec.add_extra_export_modules(extra)
     rec.save(et_record)
+
+
+def _once(given: Any, positional: Any, what: str) -> Any:
+    if given is not None:
+        raise TypeError(f"generate_etrecord() got {what} both by position and by keyword")
+    return positional
+
+
+def _extra_modules(args: tuple, export_modules: Any, extra_recorded: Any) -> dict[str, Any] | None:
+    """The extra modules of ``generate_etrecord`` from its positional tail and either keyword."""
+    if len(args) > 2:
+        raise TypeError(f"generate_etrecord() takes at most 5 positional arguments ({3 + len(args)} given)")
+    if export_modules is not None and extra_recorded is not None:
+        raise TypeError("give extra_recorded_export_modules or export_modules, not both")
+    extra = extra_recorded if extra_recorded is not None else export_modules
+    if args and isinstance(args[0], ExportedProgram):
+        positional = args[1] if len(args) == 2 else None
+    else:
+        positional = args[0] if args else None
+    if positional is not None:
+        extra = _once(extra, positional, "extra_recorded_export_modules")
+    if extra is not None and not isinstance(extra, dict):
+        raise ETRecordError(f"extra_recorded_export_modules must be a {{name: program}} dict, got "
+                            f"{type(extra).__name__}")
+    return extra
