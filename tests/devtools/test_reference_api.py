@@ -139,3 +139,21 @@ def test_generate_etrecord_both_signatures(tmp_path):
         generate_etrecord(tmp_path / "x", edge, et, {"o": other}, extra_recorded_export_modules={"o": other})
     with pytest.raises(TypeError, match="not both"):
         generate_etrecord(tmp_path / "x", edge, et, export_modules={}, extra_recorded_export_modules={})
+
+
+def test_dump_executorch_program():
+    from torch import nn
+
+    from edgetorch.exir import to_edge
+
+    x = torch.randn(2, 8)
+    et = to_edge(torch.export.export(nn.Sequential(nn.Linear(8, 4), nn.ReLU()).eval(), (x,))).to_executorch()
+    assert et.executorch_program is et.program
+    buf = io.StringIO()
+    et.dump_executorch_program(out=buf)
+    text = buf.getvalue()
+    plan = et.program.plan("forward")
+    assert text.count("\n  [") == len(plan.instructions) and "aten::addmm.out" in text and "aten::relu" in text
+    verbose = io.StringIO()
+    et.dump_executorch_program(verbose=True, out=verbose)
+    assert verbose.getvalue().count("  value ") == len(plan.values)

@@ -280,6 +280,20 @@ class ExecutorchProgramManager:
         return self._program
 
     @property
+    def executorch_program(self) -> pf.ProgramDef:
+        """The program before serialization (the reference's name for ``program``)."""
+        return self._program
+
+    def dump_executorch_program(self, verbose: bool = False, out: Any = None) -> None:
+        """Prints the program readably to ``out`` (stdout when None): per method its inputs, outputs and
+        instructions (operator or delegate, argument and output value ids, node name, debug handle);
+        ``verbose`` adds every value of the values table."""
+        import sys
+
+        out = sys.stdout if out is None else out
+        out.write(format_program(self._program, verbose))
+
+    @property
     def stage_history(self) -> StageHistory | None:
         """The edge manager's stage history (None without ``generate_etrecord=True``)."""
         return self._edge.stage_history
@@ -316,3 +330,24 @@ class ExecutorchProgramManager:
                 raise EdgeTorchError("no ETRecord builder is registered (edgetorch._hooks.etrecord_builder)")
             self._etrecord = _hooks.etrecord_builder(self)
         return self._etrecord
+
+
+def format_program(program: pf.ProgramDef, verbose: bool = False) -> str:
+    """The text ``ExecutorchProgramManager.dump_executorch_program`` prints."""
+    lines = [f"Program (schema version {program.version}): {len(program.plans)} method(s), "
+             f"{len(program.constants)} constant(s), {len(program.delegate_data)} delegate blob(s)"]
+    for plan in program.plans:
+        lines.append(f"method {plan.name}: inputs {plan.inputs} ({', '.join(plan.input_names)}), outputs "
+                     f"{plan.outputs}, {len(plan.values)} values, arena {plan.arena_size} bytes")
+        if verbose:
+            lines += [f"  value {i}: {v!r}" for i, v in enumerate(plan.values)]
+        for k, ins in enumerate(plan.instructions):
+            c = ins.call
+            if isinstance(c, pf.KernelCallDef):
+                op = plan.operators[c.op_index]
+                what = f"{op.name}.{op.overload or 'default'} [{pf.CALL_KIND_NAMES.get(c.kind, c.kind)}]"
+            else:
+                what = f"DELEGATE_CALL {plan.delegates[c.delegate_index].backend_id}"
+            handle = f", debug handle {ins.debug_handle}" if ins.debug_handle else ""
+            lines.append(f"  [{k}] {what} args {c.args} -> {c.outputs}  # {ins.node_name}{handle}")
+    return "\n".join(lines) + "\n"
