@@ -109,7 +109,8 @@ def _gap_tsv(df: Any) -> bytes:
     return _tsv(flat)
 
 
-def _main(args: argparse.Namespace) -> int:
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuses bad or contradictory arguments (CliError, exit status 2) before anything is read."""
     _check_input(args.etdump, "--etdump")
     _check_input(args.etrecord, "--etrecord")
     _check_input(args.debug_buffer, "--debug-buffer")
@@ -146,6 +147,9 @@ def _main(args: argparse.Namespace) -> int:
             raise CliError("--model-explorer-json overlays edge-program rows; it cannot take the float-model table "
                            "of --reference-graph float")
 
+
+def _main(args: argparse.Namespace) -> int:
+    _check_args(args)
     from edgetorch.cli._table import Steps, print_culprits, table_console
     from edgetorch.devtools.inspector import Inspector
     from edgetorch.errors import EdgeTorchError
@@ -190,43 +194,7 @@ def _main(args: argparse.Namespace) -> int:
     else:
         inspector.print_data_tabular(file=sys.stdout, rows=args.rows)
 
-    try:
-        if args.tsv:
-            if gap_df is not None or quant_df is not None:
-                from edgetorch._fileio import atomic_write
-
-                atomic_write(args.tsv, [_gap_tsv(gap_df) if gap_df is not None else _quant_tsv(quant_df)])
-            else:
-                inspector.save_data_to_tsv(args.tsv)
-            console.print(f"TSV written to {args.tsv}")
-        if args.report:
-            from edgetorch.devtools.report import write_report
-
-            with steps:
-                steps.next("writing the HTML report")
-                summary = {"ETDump": args.etdump, "ETRecord": args.etrecord or "", "method": method}
-                if quant_df is not None:
-                    summary["reference"] = "the float model (graph_map['float/" + method + "'])"
-                    if inspector.observer_effect is not None:
-                        summary["observer effect"] = observer_effect_line(inspector.observer_effect)
-                if gap_df is not None and inspector.last_gap_coverage is not None:
-                    summary["coverage"] = inspector.last_gap_coverage.summary()
-                if generation_df is None and quant_df is None:
-                    generation_df = _generation_gaps(inspector, args.gap or "MSE")
-                write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
-                             title=f"edgetorch inspect: {os.path.basename(args.etdump)}",
-                             generation_df=generation_df,
-                             etrecord=inspector.etrecord if gap_df is not None else None,
-                             culprits=culprits if gap_df is not None else None, quant_df=quant_df)
-            console.print(f"report written to {args.report}", highlight=False, markup=False)
-        if args.model_explorer_json and gap_df is not None:
-            from edgetorch.devtools.model_explorer import write_node_data
-
-            write_node_data(args.model_explorer_json, gap_df)
-            console.print(f"Model Explorer node data written to {args.model_explorer_json}", highlight=False,
-                          markup=False)
-    except OSError as e:
-        raise CliError(f"cannot write output: {e.strerror or e}: {e.filename or ''}") from None
+    _write_outputs(args, inspector, console, steps, method, (gap_df, culprits, quant_df, generation_df))
     return EXIT_OK
 
 
@@ -401,6 +369,49 @@ def _every_execution(inspector: Any, args: argparse.Namespace, console: Any, ste
                   highlight=False, markup=False)
     k = n - 1 if first is None else first
     return tables[k], found[k], per_call
+
+
+def _write_outputs(args: argparse.Namespace, inspector: Any, console: Any, steps: Any, method: str,
+                   tables: tuple[Any, Any, Any, Any]) -> None:
+    """Writes the TSV, the HTML report and the Model Explorer node data that were asked for."""
+    gap_df, culprits, quant_df, generation_df = tables
+    try:
+        if args.tsv:
+            if gap_df is not None or quant_df is not None:
+                from edgetorch._fileio import atomic_write
+
+                atomic_write(args.tsv, [_gap_tsv(gap_df) if gap_df is not None else _quant_tsv(quant_df)])
+            else:
+                inspector.save_data_to_tsv(args.tsv)
+            console.print(f"TSV written to {args.tsv}")
+        if args.report:
+            from edgetorch.devtools.report import write_report
+
+            with steps:
+                steps.next("writing the HTML report")
+                summary = {"ETDump": args.etdump, "ETRecord": args.etrecord or "", "method": method}
+                if quant_df is not None:
+                    summary["reference"] = "the float model (graph_map['float/" + method + "'])"
+                    if inspector.observer_effect is not None:
+                        summary["observer effect"] = observer_effect_line(inspector.observer_effect)
+                if gap_df is not None and inspector.last_gap_coverage is not None:
+                    summary["coverage"] = inspector.last_gap_coverage.summary()
+                if generation_df is None and quant_df is None:
+                    generation_df = _generation_gaps(inspector, args.gap or "MSE")
+                write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
+                             title=f"edgetorch inspect: {os.path.basename(args.etdump)}",
+                             generation_df=generation_df,
+                             etrecord=inspector.etrecord if gap_df is not None else None,
+                             culprits=culprits if gap_df is not None else None, quant_df=quant_df)
+            console.print(f"report written to {args.report}", highlight=False, markup=False)
+        if args.model_explorer_json and gap_df is not None:
+            from edgetorch.devtools.model_explorer import write_node_data
+
+            write_node_data(args.model_explorer_json, gap_df)
+            console.print(f"Model Explorer node data written to {args.model_explorer_json}", highlight=False,
+                          markup=False)
+    except OSError as e:
+        raise CliError(f"cannot write output: {e.strerror or e}: {e.filename or ''}") from None
 
 
 def run(args: argparse.Namespace) -> int:
