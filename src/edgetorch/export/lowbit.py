@@ -43,7 +43,7 @@ class LowBitLinear(nn.Module):
                  group_size: int, act_quant: bool) -> None:
         super().__init__()
         self.register_buffer("weight", weight)
-        self.register_buffer("scales", scales)
+        self.register_buffer("scales", scales if bits == 4 else scales.reshape(-1))  # int8: one per channel
         self.register_buffer("bias", bias)
         self.bits, self.group_size, self.act_quant = bits, group_size, act_quant
 
@@ -51,10 +51,11 @@ class LowBitLinear(nn.Module):
         if self.bits == 4:
             return torch.ops.edgetorch.linear_q4(x, self.weight, self.scales, self.bias, self.group_size,
                                                  self.act_quant)
-        return torch.ops.edgetorch.linear_q8(x, self.weight, self.scales.reshape(-1), self.bias, self.act_quant)
+        return torch.ops.edgetorch.linear_q8(x, self.weight, self.scales, self.bias, self.act_quant)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.scales.shape[1] * self.group_size}, out_features={self.weight.shape[0]}, "
+        k = self.weight.shape[1] * (2 if self.bits == 4 else 1)
+        return (f"in_features={k}, out_features={self.weight.shape[0]}, "
                 f"bits={self.bits}, group_size={self.group_size}, act_quant={self.act_quant}")
 
 

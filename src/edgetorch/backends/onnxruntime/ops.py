@@ -13,6 +13,8 @@ import operator
 
 import torch
 
+from edgetorch.runtime import lowbit as _lowbit  # noqa: F401 - defines the edgetorch:: low-bit ops
+
 aten = torch.ops.aten
 
 #: dtypes of tensors that may cross or live inside a partition
@@ -95,9 +97,13 @@ def quantize_ops() -> frozenset:
     return frozenset(ops)
 
 
+#: edgetorch's low-bit linears (``edgetorch.runtime.lowbit``), lowered to ``MatMulNBits`` (``_lowbit``)
+LOWBIT_OPS: frozenset = frozenset({torch.ops.edgetorch.linear_q4.default, torch.ops.edgetorch.linear_q8.default})
+
+
 def supported_ops() -> frozenset:
     """Every op the backend takes by default."""
-    return FLOAT_OPS | ANY_DTYPE_OPS | quantize_ops()
+    return FLOAT_OPS | ANY_DTYPE_OPS | quantize_ops() | LOWBIT_OPS
 
 
 def op_name(target: object) -> str:

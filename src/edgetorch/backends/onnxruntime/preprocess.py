@@ -28,6 +28,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgetorch.backends.onnxruntime import _blob
+from edgetorch.backends.onnxruntime._lowbit import lower_lowbit_nodes, register_lowbit_ops
 from edgetorch.backends.onnxruntime.ops import REWRITTEN, op_name, quantize_ops
 from edgetorch.errors import ExportError
 from edgetorch.exir.backend.backend_details import BackendDetails, PreprocessResult, register_backend_details
@@ -85,6 +86,7 @@ def _registry(with_quantize_ops: bool) -> Any:
 
     t0 = time.perf_counter()
     reg = _registration.ONNXRegistry.from_torchlib()
+    register_lowbit_ops(reg)
     log.info("onnxruntime backend: built the torchlib ONNX registry in %.2fs (quantize ops: %s)",
              time.perf_counter() - t0, with_quantize_ops)
     return reg
@@ -665,6 +667,7 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, 
     _trim_unused_outputs(proto)
     _castlike_to_cast(proto, types)
     _fuse_gelu(proto)
+    lower_lowbit_nodes(proto, external)
     for name in _fold_weight_transposes(proto, set(tables["intermediates"])):
         tables["nodes"].pop(name, None)
     model_bytes = proto.SerializeToString()

@@ -1,0 +1,158 @@
+"""edgetorch's low-bit linears (``edgetorch::linear_q4`` / ``linear_q8``) in the ONNX model: ORT's ``MatMulNBits``.
+
+The torch.onnx registry translates each op to a placeholder node (domain ``edgetorch.lowbit``) that keeps the
+op's inputs and attributes; :func:`lower_lowbit_nodes` then rewrites it on the serialized model, where the weight
+initializers' shapes are known, to ``com.microsoft.MatMulNBits``:
+
+- int4: the program's packed bytes are ``MatMulNBits``'s ``B`` as they are (two values per byte, low nibble first,
+  stored ``q + 8``: its default zero point 8), seen as ``[N, K / block, block / 2]``; scales ``[N, K / block]``;
+- int8: ``B`` is ``q + 128`` in uint8 (the default zero point of 8 bits), one block per row;
+- ``act_quant`` (8da4w): ``accuracy_level=4``, MLAS's int8-compute kernels (activations quantized to int8 per
+  block of the weights' group, symmetric; torchao quantizes per token, asymmetric: the same ~2^-8 rounding at
+  another place); weight-only: ``accuracy_level=0`` (float compute).
+
+A bias becomes ``MatMulNBits``'s optional bias input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["DOMAIN", "lower_lowbit_nodes", "register_lowbit_ops"]
+
+DOMAIN = "edgetorch.lowbit"
+_MS = "com.microsoft"
+
+
+def _register_schemas() -> None:
+    """ONNX schemas of the placeholder ops (onnxscript builds only nodes whose schema it knows)."""
+    from onnx import defs
+
+    if defs.has("LinearQ4", DOMAIN):
+        return
+    param, attr = defs.OpSchema.FormalParameter, defs.OpSchema.Attribute
+    optional = defs.OpSchema.FormalParameterOption.Optional
+    types = [("T", ["tensor(float)"], "activations"), ("W", ["tensor(uint8)", "tensor(int8)"], "packed weights")]
+    for name, attrs in (("LinearQ4", ("group_size", "act_quant")), ("LinearQ8", ("act_quant",))):
+        defs.register_schema(defs.OpSchema(
+            name, DOMAIN, 1,
+            inputs=[param("x", "T"), param("weight", "W"), param("scales", "T"),
+                    param("bias", "T", param_option=optional)],
+            outputs=[param("y", "T")], type_constraints=types,
+            attributes=[attr(a, defs.OpSchema.AttrType.INT, a) for a in attrs]))
+
+
+def register_lowbit_ops(registry: Any) -> None:
+    """Registers the placeholder translations of the low-bit ops in a torch.onnx ``ONNXRegistry``."""
+    from onnxscript.values import Opset
+
+    from edgetorch.runtime import lowbit  # noqa: F401 - defines the ops
+
+    _register_schemas()
+    ops = Opset(DOMAIN, 1)
+
+    def linear_q4(x, weight, scales, bias=None, group_size: int = 32, act_quant: bool = False) -> Any:
+        return ops.LinearQ4(x, weight, scales, bias, group_size=group_size, act_quant=int(act_quant))
+
+    def linear_q8(x, weight, scales, bias=None, act_quant: bool = False) -> Any:
+        return ops.LinearQ8(x, weight, scales, bias, act_quant=int(act_quant))
+
+    registry.register_op(torch.ops.edgetorch.linear_q4.default, linear_q4)
+    registry.register_op(torch.ops.edgetorch.linear_q8.default, linear_q8)
+
+
+def _attr(node: Any, name: str, default: int) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+class _Weights:
+    """Initializers of the model by name: external ones (arrays moved out of the model) and inline ones."""
+
+    def __init__(self, graph: Any, external: list[tuple[str, np.ndarray]]) -> None:
+        self.graph = graph
+        self.external = {name: i for i, (name, _) in enumerate(external)}
+        self.list = external
+        self.inits = {t.name: t for t in graph.initializer}
+
+    def array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if name in self.external:
+            return self.list[self.external[name]][1]
+        return numpy_helper.to_array(self.inits[name])
+
+    def put(self, name: str, arr: np.ndarray) -> None:
+        """Replaces initializer ``name`` by ``arr`` (shape and dtype), external if it was."""
+        from onnx import helper, numpy_helper
+
+        t = self.inits[name]
+        if name in self.external:
+            self.list[self.external[name]] = (name, arr)
+            del t.dims[:]
+            t.dims.extend(arr.shape)
+            t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+            return
+        t.CopyFrom(numpy_helper.from_array(arr, name))
+
+
+def _new_name(graph: Any, base: str) -> str:
+    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _matmul_nbits(node: Any, weights: _Weights) -> Any:
+    from onnx import helper, numpy_helper
+
+    x, w_name, s_name = node.input[0], node.input[1], node.input[2]
+    bias = node.input[3] if len(node.input) > 3 else ""
+    w = weights.array(w_name)
+    scales = weights.array(s_name).astype(np.float32)
+    n = w.shape[0]
+    if node.op_type == "LinearQ4":
+        k = w.shape[1] * 2
+        block = _attr(node, "group_size", 32)
+        bits, packed = 4, w.reshape(n, k // block, block // 2)
+    else:
+        k = w.shape[1]
+        block = k
+        bits, packed = 8, (w.astype(np.int16) + 128).astype(np.uint8).reshape(n, 1, k)
+    weights.put(w_name, np.ascontiguousarray(packed))  # the weight's one reader is this node
+    s_flat = _new_name(weights.graph, s_name + "__nbits")
+    weights.graph.initializer.append(numpy_helper.from_array(scales.reshape(n, -1), s_flat))
+    level = 4 if _attr(node, "act_quant", 0) else 0
+    inputs = [x, w_name, s_flat] + (["", "", bias] if bias else [])
+    return helper.make_node("MatMulNBits", inputs, list(node.output), name=node.name, domain=_MS, K=k, N=n,
+                            bits=bits, block_size=block, accuracy_level=level)
+
+
+def lower_lowbit_nodes(proto: Any, external: list[tuple[str, np.ndarray]]) -> int:
+    """Rewrites every placeholder node of ``proto`` (a ``ModelProto``) to ``MatMulNBits``; ``external`` (name,
+    array) pairs are updated in place for weights kept outside the model. Returns how many were rewritten."""
+    from onnx import helper
+
+    graph = proto.graph
+    found = [i for i, n in enumerate(graph.node) if n.domain == DOMAIN]
+    if not found:
+        return 0
+    weights = _Weights(graph, external)
+    for i in found:
+        graph.node[i].CopyFrom(_matmul_nbits(graph.node[i], weights))
+    used = {i for n in graph.node for i in n.input}
+    keep = [t for t in graph.initializer if t.name in used]
+    if len(keep) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        external[:] = [(name, arr) for name, arr in external if name in used]
+    for imp in list(proto.opset_import):
+        if imp.domain == DOMAIN:
+            proto.opset_import.remove(imp)
+    if not any(o.domain == _MS for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid(_MS, 1))
+    return len(found)
