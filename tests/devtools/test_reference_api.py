@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,13 +17,12 @@ from edgetorch.devtools.inspector.comparators import (
     NumericalComparatorBase,
     SNRComparator,
 )
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "reference"
+from tests.devtools._reference_data import DATA, debug_buffer
 
 
 def _inspector(name: str = "cnn_portable") -> Inspector:
     return Inspector(etdump_path=DATA / f"{name}.etdp", etrecord=DATA / f"{name}_etrecord.bin",
-                     debug_buffer_path=DATA / f"{name}_debug.bin")
+                     debug_buffer_path=debug_buffer(name))
 
 
 class DoubledMSE(NumericalComparatorBase):

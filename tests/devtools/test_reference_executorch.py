@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,14 +16,14 @@ from edgetorch.devtools.etrecord import parse_etrecord
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL
+from tests.devtools._reference_data import DATA, FAULTS, debug_buffer, unpack
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "reference"
 NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "vit") for b in ("portable", "xnnpack")]
 
 
 def _paths(name: str) -> dict[str, str]:
     return {"etdump_path": str(DATA / f"{name}.etdp"), "etrecord": str(DATA / f"{name}_etrecord.bin"),
-            "debug_buffer_path": str(DATA / f"{name}_debug.bin")}
+            "debug_buffer_path": str(debug_buffer(name))}
 
 
 def _reference(name: str) -> dict:
@@ -126,7 +125,7 @@ def test_edgetorch_etdump_still_read():
 def test_debug_buffer_is_never_read_whole(tmp_path):
     """A huge (sparse) debug buffer is mapped, not read: only the tensors' bytes are touched."""
     big = tmp_path / "big_debug.bin"
-    src = (DATA / "mlp_portable_debug.bin").read_bytes()
+    src = (debug_buffer("mlp_portable")).read_bytes()
     with open(big, "wb") as f:
         f.write(src)
         f.truncate(1 << 30)
@@ -154,3 +153,35 @@ def test_size_prefix_is_checked():
     struct.pack_into("<I", bad, 0, 1 << 30)
     with pytest.raises(ETDumpFormatError, match="truncated"):
         read_any_etdump(bytes(bad))
+
+
+def _fault_handle(rec, param: str) -> int:
+    """The debug handle of the ATen op that reads parameter ``param`` (an independent walk of the program)."""
+    from edgetorch.exir.debug_handles import get_debug_handle
+
+    ep = rec.exported_programs["forward"]
+    placeholder = {v: k for k, v in ep.graph_signature.inputs_to_parameters.items()}[param]
+    node = next(n for n in ep.graph.nodes if n.name == placeholder)
+    return next(get_debug_handle(u) for u in node.users if get_debug_handle(u))
+
+
+def test_planted_faults_are_named_top1():
+    """32 reference programs, each with one parameter perturbed before export and run by the reference's
+    runtime, debugged against the clean ETRecord: the first culprit covers the perturbed op every time, where
+    the reference's largest-gap row does in far fewer (its gap accumulates downstream)."""
+    index = json.loads((FAULTS / "index.json").read_text())
+    assert len(index) == 32
+    records, ours, reference, localized = {}, 0, 0, 0
+    for f in index:
+        name = f"{f['model']}_{f['backend']}"
+        rec = records.get(name) or records.setdefault(name, parse_etrecord(DATA / f"{name}_etrecord.bin"))
+        want = _fault_handle(rec, f["param"])
+        ins = Inspector(etdump_path=FAULTS / f["etdump"], etrecord=rec,
+                        debug_buffer_path=unpack(FAULTS / f["debug_buffer"]))
+        culprits = ins.find_culprits(ins.calculate_numeric_gap("MSE"))
+        top = set(culprits["aot_debug_handle"].iloc[0]) if len(culprits) else set()
+        ours += want in top
+        reference += want in f["reference_top1_by_gap"]
+        localized += len(top) <= 4  # not one delegate row spanning the whole model
+    assert ours == 32, ours
+    assert reference <= 24 and localized >= 19, (reference, localized)

@@ -17,8 +17,7 @@ from edgetorch.devtools import Inspector
 from edgetorch.devtools.etrecord import parse_etrecord
 from edgetorch.errors import ArtifactMismatchError, EdgeTorchError, ETDumpFormatError, ETRecordFormatError
 from edgetorch.formats.etdump_executorch import read_any_etdump
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "reference"
+from tests.devtools._reference_data import DATA, debug_buffer
 
 
 class _Payload:
@@ -65,7 +64,7 @@ def test_etdump_bit_flips(record):
             continue
         try:
             ins = Inspector(etdump_data=bytes(bad), etrecord=record,
-                            debug_buffer_path=DATA / "mlp_portable_debug.bin")
+                            debug_buffer_path=debug_buffer("mlp_portable"))
             ins.calculate_numeric_gap("MSE")
             outcomes["ok"] += 1
         except EdgeTorchError:
@@ -90,7 +89,7 @@ def test_edited_tensor_offset(value, record):
     bad = bytearray(data)
     struct.pack_into("<q", bad, pos, value)
     with pytest.raises((ETDumpFormatError, ArtifactMismatchError)) as ei:
-        ins = Inspector(etdump_data=bytes(bad), etrecord=record, debug_buffer_path=DATA / "mlp_portable_debug.bin")
+        ins = Inspector(etdump_data=bytes(bad), etrecord=record, debug_buffer_path=debug_buffer("mlp_portable"))
         ins.calculate_numeric_gap("MSE")
     if isinstance(ei.value, ETDumpFormatError):  # a negative offset: the reader refuses the field
         assert ei.value.field.endswith("offset")

@@ -9,11 +9,13 @@ Run it with a separate virtual environment holding the pinned reference (never a
     /tmp/refvenv/bin/python tests/data/reference/make_reference_artifacts.py [OUT_DIR [MODEL,MODEL...]]
 
 Per model and backend (``<name>`` = ``<model>_<backend>``) it writes to OUT_DIR (default: this folder):
-``<name>.pte`` (the reference's exporter), ``<name>.etdp`` + ``<name>_debug.bin`` (one run of the reference's
+``<name>.pte`` (the reference's exporter), ``<name>.etdp`` + ``<name>_debug.bin.gz`` (one run of the reference's
 Python runtime with ETDump and a debug buffer, so intermediate outputs are logged), ``<name>_etrecord.bin`` (the
 reference's ETRecord, with representative inputs and reference outputs) and ``<name>_gaps.json``: the reference
 Inspector's own ``calculate_numeric_gap`` tables (MSE and L1: handles, op names, gaps) and its event names, the
-figures edgetorch's Inspector is compared against. Models are tiny (fixed seeds) so the files stay small.
+figures edgetorch's Inspector is compared against. ``faults/`` holds planted faults (one parameter perturbed
+before export, run by the reference runtime; ``index.json`` lists them with the reference Inspector's
+largest-gap row). Models are tiny (fixed seeds) so the files stay small.
 """
 
 from __future__ import annotations
@@ -173,7 +175,77 @@ def make(model_name: str, backend: str, out: str) -> None:
         json.dump({"model": model_name, "backend": backend, "executorch": _version(),
                    "output_max_abs_diff": float((result - expected).abs().max()),
                    "gaps": tables, "events": _jsonable(events)}, f, indent=1)
+    gzip_file(dbg)
     print(name, {k: len(v) for k, v in tables.items()}, "rows")
+
+
+#: planted faults: (model, backend, parameters perturbed one at a time); XNNPACK runs log only delegate outputs,
+#: so their debug buffers are small, and the portable CNN's (the largest) is left out
+FAULTS = [("mlp", "portable", ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]),
+          ("mlp", "xnnpack", ["fc1.weight", "fc2.weight", "fc3.weight", "fc3.bias"]),
+          ("cnn", "xnnpack", ["conv1.weight", "bn1.weight", "conv2.weight", "fc.weight"]),
+          ("mobilenet", "xnnpack", ["stem.weight", "expand.weight", "dw.weight", "head.weight"]),
+          ("vit", "portable", ["patch.weight", "pos", "ln1.weight", "qkv.weight", "proj.weight", "fc1.weight",
+                               "fc2.weight", "ln3.weight", "head.weight"]),
+          ("vit", "xnnpack", ["patch.weight", "qkv.weight", "fc1.weight", "fc2.weight", "head.weight"])]
+
+
+def make_fault(model_name: str, backend: str, param: str, out: str) -> dict:
+    """One planted fault: ``param`` perturbed (5 % of its mean magnitude, seeded noise) before export, the
+    program run by the reference runtime; the ETDump and the gzipped debug buffer are compared against the
+    clean program's ETRecord. Also records the reference Inspector's answer: the row with the largest gap."""
+    from executorch.devtools import Inspector
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model, inputs = build(model_name)
+    with torch.no_grad():
+        p = model.get_parameter(param)
+        g = torch.Generator().manual_seed(sum(map(ord, param)))
+        p.add_(0.05 * p.abs().mean() * torch.randn(p.shape, generator=g))
+    partitioner = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioner = [XnnpackPartitioner()]
+    et = to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=partitioner).to_executorch()
+    name = f"{model_name}_{backend}"
+    with open(os.path.join(out, f"{name}_etrecord.bin"), "rb"):
+        pass  # the clean record, written by make()
+    stem = os.path.join(out, "faults", f"{name}__{param}")
+    pte = stem + ".pte"
+    with open(pte, "wb") as f:
+        f.write(et.buffer)
+    program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=64 << 10)
+    program.load_method("forward").execute(list(inputs))
+    program.write_etdump_result_to_file(stem + ".etdp", stem + "_debug.bin")
+    inspector = Inspector(etdump_path=stem + ".etdp", etrecord=os.path.join(out, f"{name}_etrecord.bin"),
+                          debug_buffer_path=stem + "_debug.bin")
+    df = inspector.calculate_numeric_gap("MSE")
+    top = df.iloc[int(df["gap"].map(lambda g: g[0]).values.argmax())]
+    gzip_file(stem + "_debug.bin")
+    os.remove(pte)
+    return {"model": model_name, "backend": backend, "param": param, "etdump": os.path.basename(stem) + ".etdp",
+            "debug_buffer": os.path.basename(stem) + "_debug.bin.gz",
+            "reference_top1_by_gap": list(top["aot_debug_handle"]), "reference_rows": len(df)}
+
+
+def gzip_file(path: str) -> None:
+    """Replaces ``path`` by ``path.gz`` (reproducible: no time stamp); the reference writes the whole debug
+    buffer, zero tail included, which compresses to almost nothing."""
+    import gzip
+
+    with open(path, "rb") as f, open(path + ".gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as z:
+        z.write(f.read())
+    os.remove(path)
+
+
+def make_faults(out: str) -> None:
+    os.makedirs(os.path.join(out, "faults"), exist_ok=True)
+    index = [make_fault(m, b, p, out) for m, b, params in FAULTS for p in params]
+    with open(os.path.join(out, "faults", "index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+    print(len(index), "faults")
 
 
 def _version() -> str:
@@ -185,8 +257,11 @@ def _version() -> str:
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
-    models = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mlp", "cnn", "mobilenet", "vit"]
+    models = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mlp", "cnn", "mobilenet", "vit", "faults"]
     for model_name in models:
+        if model_name == "faults":
+            make_faults(out)
+            continue
         for backend in ("portable", "xnnpack"):
             make(model_name, backend, out)
 

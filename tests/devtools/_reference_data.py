@@ -1,0 +1,41 @@
+"""The reference ExecuTorch artifacts under ``tests/data/reference`` (issue 26); debug buffers are committed
+gzipped (the reference writes the whole buffer, zero tail included) and unpacked once per process here."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gzip
+import shutil
+import tempfile
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "reference"
+FAULTS = DATA / "faults"
+
+
+@functools.cache
+def _unpacked() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="edgetorch_ref_"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    return d
+
+
+def unpack(gz: Path) -> Path:
+    """The raw file of a gzipped artifact (unpacked on first use)."""
+    out = _unpacked() / gz.parent.name / gz.name.removesuffix(".gz")
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(gzip.decompress(gz.read_bytes()))
+    return out
+
+
+def debug_buffer(name: str) -> Path:
+    """The debug buffer file of the clean reference run ``name`` (e.g. ``"cnn_xnnpack"``)."""
+    return unpack(DATA / f"{name}_debug.bin.gz")
+
+
+def paths(name: str) -> dict[str, str]:
+    """The Inspector's arguments for the clean reference run ``name``."""
+    return {"etdump_path": str(DATA / f"{name}.etdp"), "etrecord": str(DATA / f"{name}_etrecord.bin"),
+            "debug_buffer_path": str(debug_buffer(name))}
