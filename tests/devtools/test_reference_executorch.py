@@ -106,6 +106,20 @@ def test_etrecord_groups_and_handles():
                    "mean": 7, "linear": 8}
 
 
+def test_programs_are_deserialized_on_first_use():
+    """Parsing reads no weights; the numeric gap deserializes the ATen program only (the edge program's copy of
+    the weights is never loaded), with the same handle table the deserialized edge program gives."""
+    rec = parse_etrecord(DATA / "vit_xnnpack_etrecord.bin")
+    assert not any(rec._is_loaded(r) for r in ("aten", "edge", "graph_map"))
+    table = rec.handle_table("forward")
+    ins = Inspector(etdump_path=DATA / "vit_xnnpack.etdp", etrecord=rec, debug_buffer_path=debug_buffer("vit_xnnpack"))
+    ins.calculate_numeric_gap("MSE")
+    assert rec._is_loaded("aten") and not rec._is_loaded("edge")
+    from edgetorch.devtools.etrecord._reference import handles_from_program
+
+    assert handles_from_program(rec.edge_programs["forward"], "forward") == table
+
+
 def test_delegate_call_inputs_are_trimmed():
     """The reference logs a delegate call's inputs then outputs; with the ETRecord only the outputs remain."""
     ins = Inspector(**_paths("cnn_xnnpack"))

@@ -30,6 +30,15 @@ class _Payload:
         return (Path.write_text, (self.marker, "pwned"))
 
 
+def _parse_all(data: bytes):
+    """``parse_etrecord`` plus everything it leaves for first use (the programs and their weights)."""
+    rec = parse_etrecord(data)
+    assert rec.exported_programs is not None and rec.edge_programs and rec.graph_map is not None
+    rec.reference_graph("forward")
+    rec.handle_table("forward")
+    return rec
+
+
 def _rezip(data: bytes, replace: dict[str, bytes] | None = None, drop: tuple[str, ...] = ()) -> bytes:
     src = zipfile.ZipFile(io.BytesIO(data))
     out = io.BytesIO()
@@ -130,7 +139,7 @@ def test_etrecord_bit_flips(tmp_path):
         bad = bytearray(data)
         bad[i] ^= 0x5A
         try:
-            parse_etrecord(bytes(bad))
+            _parse_all(bytes(bad))
         except ETRecordFormatError:
             n_err += 1
     assert n_err > 0
@@ -150,7 +159,7 @@ def test_pickle_in_the_etrecord_runs_nothing(entry, wrap, tmp_path):
         blob = buf.getvalue()
     bad = _rezip((DATA / "mlp_portable_etrecord.bin").read_bytes(), {entry: blob})
     with pytest.raises(ETRecordFormatError, match="weights_only") as ei:
-        parse_etrecord(bad)
+        _parse_all(bad)
     assert ei.value.field == entry
     assert not marker.exists()
 
@@ -181,7 +190,7 @@ def test_foreign_node_targets_are_refused(target):
 def test_malformed_entries(entry, content, match):
     bad = _rezip((DATA / "mlp_portable_etrecord.bin").read_bytes(), {entry: content})
     with pytest.raises(ETRecordFormatError, match=match) as ei:
-        parse_etrecord(bad)
+        _parse_all(bad)
     assert ei.value.field == entry
 
 

@@ -506,10 +506,12 @@ def parse_etrecord(etrecord_path: PathOrFile) -> ETRecord:
         path = os.fspath(etrecord_path)
         source = path
     if _executorch.is_executorch_etrecord(source):  # the reference's ETRecord, detected by content
-        fields, extra = _executorch.read_executorch_etrecord(source, path)
+        fields, extra, source = _executorch.read_executorch_etrecord(source, path)
         rec = ETRecord(**fields)
         for k, v in extra.items():
             setattr(rec, k, v)
+        rec._lazy = source  # programs deserialized on first use
+        rec._roles = dict.fromkeys(ETRecord._ROLES)
         return rec
     fields, lazy = ar.read_archive(source, path)
     rec = ETRecord(**fields)

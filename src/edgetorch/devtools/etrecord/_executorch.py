@@ -229,11 +229,9 @@ def _graph_ok(z: _Zip, entry: str, gm: torch.fx.GraphModule) -> None:
                 raise z.error(entry, f"node {n.name}: target {t!r} is not an allowed operator")
 
 
-def read_program(z: _Zip, entry: str) -> tuple[Any, dict[str, Any]]:
-    """The ``ExportedProgram`` stored under ``entry`` (+ its three companions) and {node name: (debug handle,
-    from_node JSON)}."""
-    from torch._export.serde.serialize import SerializedArtifact, deserialize
-
+def read_program_doc(z: _Zip, entry: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checked torch.export document stored under ``entry`` (targets rewritten, verifiers cleared) and
+    {node name: (debug handle, from_node JSON)}; its three companion entries must exist."""
     for s in _SUFFIXES:
         if entry + s not in z.infos:
             raise z.error(entry + s, "missing companion entry of the program")
@@ -244,6 +242,13 @@ def read_program(z: _Zip, entry: str) -> tuple[Any, dict[str, Any]]:
     _check_nodes(z, entry, doc, meta)
     doc["verifiers"] = []  # the edge dialect's verifier is the reference's; the graph is checked above
     doc.pop("dialect", None)
+    return doc, meta
+
+
+def build_program(z: _Zip, entry: str, doc: dict[str, Any]) -> Any:
+    """The ``ExportedProgram`` of a checked document (``read_program_doc``) and its companion entries."""
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+
     state, consts, example = (z.torch_load(entry + s) for s in _SUFFIXES)
     if not isinstance(state, dict) or not isinstance(consts, dict) or not isinstance(example, (tuple, dict)):
         raise z.error(entry, "state dict / constants / example inputs of unexpected types")
@@ -254,7 +259,62 @@ def read_program(z: _Zip, entry: str) -> tuple[Any, dict[str, Any]]:
         raise z.error(entry, f"cannot be deserialized as an ExportedProgram ({type(e).__name__}: "
                              f"{str(e)[:300]})") from None
     _graph_ok(z, entry, ep.graph_module)
-    return ep, meta
+    return ep
+
+
+def _int_handle(raw: Any) -> Any:
+    return int(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) < 12 else raw
+
+
+def _module_stack(s: Any) -> dict[str, tuple[str, str]] | None:
+    """torch.export's ``"key,path,type;key,path,type"`` (commas inside brackets belong to the path)."""
+    if not isinstance(s, str) or not s:
+        return None
+    out: dict[str, tuple[str, str]] = {}
+    for item in s.split(";"):
+        parts, start, depth = [], 0, 0
+        for i, c in enumerate(item):
+            depth += c in "[(" and 1 or (-1 if c in ")]" else 0)
+            if c == "," and depth == 0:
+                parts.append(item[start:i])
+                start = i + 1
+        parts.append(item[start:])
+        if len(parts) != 3:
+            return None
+        out[parts[0]] = (parts[1], parts[2])
+    return out
+
+
+def handle_table_from_doc(z: _Zip, entry: str, doc: dict[str, Any]) -> dict[int, list[Any]]:
+    """{debug handle: [NodeInfo]} of an edge program read from its document, without deserializing it (the
+    same rows ``handles_from_program`` gives for the deserialized program)."""
+    from edgetorch.devtools.etrecord._reference import NodeInfo
+    from edgetorch.exir.op_variants import is_view_op
+
+    table: dict[int, list[Any]] = {}
+    for node in doc["graph_module"].get("graph", {}).get("nodes", []) or []:
+        if not isinstance(node, dict) or not isinstance(node.get("name"), str):
+            raise z.error(entry, "a node without a name")
+        meta = node.get("metadata") if isinstance(node.get("metadata"), dict) else {}
+        raw = _int_handle(meta.get("debug_handle"))
+        h = parse_handle(raw)
+        if raw is not None and h is None and raw != 0:
+            raise z.error(entry, f"node {node['name']}: debug handle {str(raw)[:40]!r} is not an integer")
+        target = node["target"]
+        if h is None or target == "_operator.getitem":
+            continue
+        if target.startswith("torch.ops."):
+            ns, op, overload = target[len("torch.ops."):].split(".")
+            packet = getattr(getattr(torch.ops, ns), op, None)
+            ovl = getattr(packet, overload, None) if packet is not None else None
+            is_view = bool(ovl is not None and is_view_op(ovl))
+            name = f"{ns}::{op}"
+        else:
+            name, is_view = target.split(".")[-1], False
+        trace = meta.get("stack_trace")
+        table.setdefault(h, []).append(NodeInfo(node["name"], name, trace if isinstance(trace, str) else None,
+                                                _module_stack(meta.get("nn_module_stack")), is_view))
+    return table
 
 
 def _stamp_edge(z: _Zip, entry: str, ep: Any, meta: dict[str, Any]) -> None:
@@ -345,10 +405,61 @@ def _program_entries(z: _Zip) -> tuple[dict[str, str], dict[str, str]]:
     return edge, extra
 
 
-def read_executorch_etrecord(source: Any, path: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+class ReferenceSource:
+    """The lazy program source of a parsed reference record (the interface of ``_archive.ArchiveSource``):
+    documents, side tables and handle tables are read and checked at parse time; a program is deserialized
+    (weights loaded) on first use only, so the numeric gap, which needs the ATen program, never loads the edge
+    program's copy of the weights."""
+
+    def __init__(self, source: Any, path: str | None, entries: dict[str, dict[str, str]],
+                 docs: dict[str, dict[str, Any]], metas: dict[str, dict[str, Any]], graph_id: int | None,
+                 handle_tables: dict[str, dict[int, list[Any]]]) -> None:
+        self._source, self._path = source, path
+        self._entries, self._docs, self._metas, self._graph_id = entries, docs, metas, graph_id
+        self._tables = handle_tables
+        self._programs: dict[tuple[str, str], Any] = {}
+        self.references: dict[str, Any] = {}  # no compact views: the programs are built on first use
+        self.edge_references: dict[str, Any] = {}
+        self.graph_map_references: dict[str, Any] = {}
+        self.handles = dict(entries["edge"])  # handle tables come from the documents
+
+    def keys(self, role: str) -> list[str]:
+        return list(self._entries[role])
+
+    def programs(self, role: str) -> dict[str, Any]:
+        return {k: self.program(role, k) for k in self._entries[role]}
+
+    def program(self, role: str, key: str) -> Any:
+        hit = self._programs.get((role, key))
+        if hit is None:
+            entry = self._entries[role][key]
+            z = _Zip(self._source, self._path)
+            with z.zf:
+                hit = build_program(z, entry, json.loads(json.dumps(self._docs[entry])))
+            if role == "aten":
+                if not propagate_handles(hit, self._metas.get(self._entries["edge"].get("forward", ""), {}),
+                                         self._graph_id):
+                    log.warning("ExecuTorch ETRecord: no ATen node could be linked to a debug handle")
+            else:
+                _stamp_edge(z, entry, hit, self._metas[entry])
+            self._programs[(role, key)] = hit
+        return hit
+
+    def is_stored(self, role: str, key: str, ep: Any) -> bool:
+        return ep is not None and self._programs.get((role, key)) is ep
+
+    def handle_table(self, method: str) -> dict[int, list[Any]]:
+        return self._tables[method]
+
+
+def read_executorch_etrecord(source: Any, path: str | None = None) -> tuple[dict[str, Any], dict[str, Any],
+                                                                          ReferenceSource]:
     """Reads a reference ETRecord (path, bytes or binary file): the keyword arguments of edgetorch's
-    ``ETRecord`` and its extra attributes (``producer`` "executorch", ``num_outputs`` {method: {delegate call
-    instruction: number of outputs}}, ``export_graph_id``); ``parse_etrecord`` builds the record."""
+    ``ETRecord``, its extra attributes (``producer`` "executorch", ``num_outputs`` {method: {delegate call
+    instruction: number of outputs}}, ``export_graph_id``) and the lazy program source; ``parse_etrecord``
+    builds the record. Programs are deserialized on first use (then a bad weight entry raises)."""
+    if hasattr(source, "read"):
+        source = source.read()
     z = _Zip(source, path)
     with z.zf:
         if "debug_handle_map" not in z.infos:  # the reference's save() refuses a record without one
@@ -357,32 +468,20 @@ def read_executorch_etrecord(source: Any, path: str | None = None) -> tuple[dict
         graph_id = z.json("export_graph_id") if "export_graph_id" in z.infos else None
         if graph_id is not None and (not isinstance(graph_id, int) or isinstance(graph_id, bool)):
             raise z.error("export_graph_id", f"{str(graph_id)[:40]!r} is not an integer")
-        edge_entries, extra_entries = _program_entries(z)
-        if not edge_entries:
+        edge, extra = _program_entries(z)
+        if not edge:
             raise z.error(_EDGE, "missing entry: the record holds no edge program")
-        edge: dict[str, Any] = {}
-        edge_meta: dict[str, dict[str, Any]] = {}
-        for m, entry in sorted(edge_entries.items()):
-            edge[m], edge_meta[m] = read_program(z, entry)
-            _stamp_edge(z, entry, edge[m], edge_meta[m])
-        aten: dict[str, Any] = {}
-        if _ATEN in z.infos:
-            ep, _ = read_program(z, _ATEN)
-            if "forward" in edge_meta and propagate_handles(ep, edge_meta["forward"], graph_id):
-                aten["forward"] = ep
-            else:
-                log.warning("ExecuTorch ETRecord: no ATen node could be linked to a debug handle; the edge "
-                            "program is the numeric-gap reference")
-        graph_map = {}
-        for key, entry in sorted(extra_entries.items()):
-            graph_map[key], meta = read_program(z, entry)
-            _stamp_edge(z, entry, graph_map[key], meta)
+        entries = {"edge": edge, "graph_map": extra, "aten": {"forward": _ATEN} if _ATEN in z.infos else {}}
+        docs, metas = {}, {}
+        for entry in [*edge.values(), *extra.values(), *entries["aten"].values()]:
+            docs[entry], metas[entry] = read_program_doc(z, entry)
+        tables = {m: handle_table_from_doc(z, e, docs[e]) for m, e in edge.items()}
         reps = z.torch_load("representative_inputs") if "representative_inputs" in z.infos else None
         refs = z.torch_load("reference_outputs") if "reference_outputs" in z.infos else None
     if refs is not None and not (isinstance(refs, dict) and all(isinstance(k, str) and isinstance(v, list)
                                                                 for k, v in refs.items())):
         raise z.error("reference_outputs", "expected {method: [outputs per test case]}")
-    fields = dict(exported_programs=aten, edge_dialect_program=edge or None, graph_map=graph_map,
-                  handle_groups=groups, _reference_outputs=refs,
+    fields = dict(handle_groups=groups, _reference_outputs=refs,
                   _representative_inputs=None if reps is None else {"forward": _samples(z, reps)})
-    return fields, {"producer": PRODUCER, "num_outputs": num_outs, "export_graph_id": graph_id}
+    extra_attrs = {"producer": PRODUCER, "num_outputs": num_outs, "export_graph_id": graph_id}
+    return fields, extra_attrs, ReferenceSource(source, path, entries, docs, metas, graph_id, tables)
