@@ -48,6 +48,7 @@ import pandas as pd
 import torch
 import torch.fx
 
+from edgetorch.devtools.inspector._graph_writes import is_uninitialised, is_view, written_in_place
 from edgetorch.devtools.inspector.comparators import (
     EXACT_METRIC,
     NumericalComparatorBase,
@@ -198,33 +199,6 @@ def _runtime_tensor(e: RuntimeEntry, index: int | None, like: Any) -> torch.Tens
     return t
 
 
-def _is_view(n: torch.fx.Node) -> bool:
-    t = n.target
-    if not isinstance(t, torch._ops.OpOverload):
-        return False
-    from edgetorch.exir.op_variants import is_view_op
-
-    return is_view_op(t)
-
-
-def _written_in_place(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """Nodes whose value an in-place op writes (the ``Tensor(a!)`` arguments: ``relu_``'s input, ``copy_``'s
-    destination), not every argument of such an op (``copy_``'s source is only read)."""
-    out: set[torch.fx.Node] = set()
-    for u in gm.graph.nodes:
-        t = u.target
-        if not (isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable):
-            continue
-        for i, a in enumerate(t._schema.arguments):
-            if a.alias_info is None or not a.alias_info.is_write:
-                continue
-            v = u.args[i] if i < len(u.args) else u.kwargs.get(a.name)
-            for x in v if isinstance(v, (list, tuple)) else [v]:
-                if isinstance(x, torch.fx.Node):
-                    out.add(x)
-    return out
-
-
 class _JointWalk(torch.fx.Interpreter):
     """One pass over the reference module computing, per handle, the reference output (on reference inputs)
     and, with ``runtime`` (handle -> runtime tensor), the *local* reference: the op re-run on the runtime's
@@ -238,11 +212,13 @@ class _JointWalk(torch.fx.Interpreter):
     the reference's: the local re-runs read it."""
 
     def __init__(self, gm: torch.fx.GraphModule, last_node: dict[int, torch.fx.Node],
-                 runtime: dict[int, torch.Tensor] | None, state: dict[str, torch.Tensor] | None = None) -> None:
+                 runtime: dict[int, torch.Tensor] | None, state: dict[str, torch.Tensor] | None = None,
+                 fill: dict[int, torch.Tensor] | None = None) -> None:
         super().__init__(gm)
         self.by_node = {n: h for h, n in last_node.items()}
         self.runtime = runtime
         self.state = state or {}
+        self.fill = fill or {}  # handle of an uninitialised allocation -> the runtime's bytes, used on both sides
         self.outputs: dict[int, Any] = {}
         self.local: dict[int, Any] = {}
         self.rt_env: dict[torch.fx.Node, Any] = {}
@@ -255,7 +231,7 @@ class _JointWalk(torch.fx.Interpreter):
         #: last values it logged and this node (the ops a local comparison of this node re-runs)
         self.carry: dict[torch.fx.Node, float] = {}
         # values later mutated in place (e.g. relu_ in a training-IR ATen graph) are recorded as copies
-        self.mutated = _written_in_place(gm)
+        self.mutated = written_in_place(gm)
 
     def _keep(self, n: torch.fx.Node, v: Any) -> Any:
         if n in self.mutated:
@@ -282,6 +258,8 @@ class _JointWalk(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
         h = self.by_node.get(n)
+        if h in self.fill and _fits(self.fill[h], out):
+            out = self.fill[h].reshape(out.shape).clone()
         if self.runtime is None:
             if h is not None:
                 self.outputs[h] = self._keep(n, out)
@@ -299,7 +277,7 @@ class _JointWalk(torch.fx.Interpreter):
         self.carry[n] = op_noise(n, 1.0, self.fetch_args_kwargs_from_env(n)[0]) + max(upstream, default=0.0)
         differs = any(a in self.rt_env for a in inputs)
         local = self._run_on_runtime_values(n) if differs else out
-        if (n.target is operator.getitem or _is_view(n)) and (h is None or h not in self.runtime):
+        if (n.target is operator.getitem or is_view(n)) and (h is None or h not in self.runtime):
             if differs:
                 self.rt_env[n] = local
             if h is not None:
@@ -547,7 +525,12 @@ def _walk(j: _Join, reference: torch.fx.GraphModule, inputs: tuple, picked: list
         if vals:
             runtime[h] = vals
             j.provider[h] = e
-    j.walk = _JointWalk(reference, j.last, runtime if local else None, state)
+    fill = {}  # what the runtime's uninitialised allocations held: the reference starts from the same bytes
+    for e, h, index in picked:
+        vals = _runtime_values(e, h, index, j.last[h].meta.get("val")) if is_uninitialised(j.last[h]) else None
+        if isinstance(vals, dict) and 0 in vals:
+            fill[h] = vals[0]
+    j.walk = _JointWalk(reference, j.last, runtime if local else None, state, fill)
     after: dict[str, torch.Tensor] | None = {} if capture is not None else None
     with torch.no_grad(), _restored_state(reference, j.walk.mutated, after):
         result = j.walk.run(*inputs)
@@ -659,7 +642,11 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
             picked.append((e, *res))
     _walk(j, reference, inputs, picked, local, capture, runtime_state)
     matched = _pairs(j, picked, cov)
-    rows = [_row(j, e, h, ref, rt, comparator) for e, h, ref, rt in matched]
+    empty = [m for m in matched if is_uninitialised(j.last[m[1]])]
+    for e, _, _, _ in empty:
+        cov.unmatched.append(_unmatched(e, "an uninitialised allocation (empty*): its contents are no result"))
+    cov.runtime_matched -= sum(e.instruction_id >= 0 for e, _, _, _ in empty)
+    rows = [_row(j, *m, comparator) for m in matched if not any(m is x for x in empty)]
     _delegate_boundaries(rows)
     covered = {x for e, _, _, _ in matched for x in e.handles if x in last}
     cov.aot_matched = len(covered)
