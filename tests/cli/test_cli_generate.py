@@ -37,3 +37,14 @@ def test_bad_arguments_exit_2_without_a_traceback(tmp_path):
                       (["--prompt-len", "60", "--tokens", "10"], "at most 64")):
         r = cli("generate", "--out", str(tmp_path / "o"), *args)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_torchao_recipe_generates_the_quantized_eager_tokens(tmp_path):
+    r = cli("generate", "--tokens", "4", "--prompt-len", "6", "--recipe", "portable_torchao_8da4w", "--out",
+            str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recipe portable_torchao_8da4w" in r.stdout and "tokens match eager" in r.stdout
+    # the program holds int4 weights: far smaller than the float one of the same model
+    assert (tmp_path / "model.pte").stat().st_size < 400_000  # the fp32 program is 592 KiB
+    r = cli("generate", "--out", str(tmp_path / "o"), "--recipe", "portable_int3")
+    assert r.returncode == 2 and "is not a recipe" in r.stderr and "portable_torchao_8da4w" in r.stderr

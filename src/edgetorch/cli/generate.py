@@ -25,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=16, help="tokens to generate")
     p.add_argument("--out", default="edgetorch-llm", help="folder for the .pte, ETRecord and ETDump")
     p.add_argument("--etdump", action="store_true", help="record every step with its intermediates")
+    p.add_argument("--recipe", default=None,
+                   help="an export recipe by value (e.g. portable_torchao_8da4w, onnxruntime_torchao_8da4w, "
+                        "portable_torchao_int4_weight_only): quantize and lower through it (its backend replaces "
+                        "--backend); eager is then the same quantized model in PyTorch")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -32,6 +36,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--model {args.model!r} is not a zoo decoder; choose one of {', '.join(LLMS)}")
     if args.prompt_len < 1 or args.tokens < 1:
         raise CliError("--prompt-len and --tokens must be at least 1")
+    if args.recipe is not None and _recipe_type(args.recipe) is None:
+        raise CliError(f"--recipe {args.recipe!r} is not a recipe; choose one of {', '.join(_recipe_values())}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out} exists and is not a directory")
     try:
@@ -40,14 +46,52 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"cannot create --out {args.out}: {e.strerror}") from None
 
 
+def _recipe_values() -> list[str]:
+    from edgetorch.export import OrtRecipeType, PortableRecipeType
+
+    return [r.value for enum in (PortableRecipeType, OrtRecipeType) for r in enum]
+
+
+def _recipe_type(value: str):  # noqa: ANN202 - a RecipeType member or None
+    from edgetorch.export import OrtRecipeType, PortableRecipeType
+
+    return next((r for enum in (PortableRecipeType, OrtRecipeType) for r in enum if r.value == value), None)
+
+
+def _lower(model, args: argparse.Namespace):  # noqa: ANN001, ANN202 - (ExecutorchProgramManager, eager module)
+    """The program (plain lowering, or the export session of ``--recipe``) and the eager module it should match
+    (with a recipe: the quantized module the session exported, which runs the same low-bit kernels)."""
+    if args.recipe is None:
+        from edgetorch.exir import to_edge_transform_and_lower
+        from edgetorch.models.llama import export_llama
+
+        eps = export_llama(model)
+        parts = None
+        if args.backend == "onnxruntime":
+            from edgetorch.backends.onnxruntime import OrtPartitioner
+
+            parts = [OrtPartitioner()]
+        print(f"[2/4] lowering ({args.backend}) and emitting", flush=True)
+        return to_edge_transform_and_lower(eps, partitioner=parts, generate_etrecord=args.etdump).to_executorch(), model
+    from edgetorch.export import ExportRecipe, StageType, export
+    from edgetorch.models.llama import llama_dynamic_shapes, llama_method_inputs
+
+    print(f"[2/4] quantizing, lowering and emitting through the recipe {args.recipe}", flush=True)
+    inputs = llama_method_inputs(model.config)
+    session = export({"prefill": model, "decode": model}, {k: [v] for k, v in inputs.items()},
+                     ExportRecipe.get_recipe(_recipe_type(args.recipe)),
+                     dynamic_shapes=llama_dynamic_shapes(model.config), generate_etrecord=args.etdump)
+    eager = session.get_stage_artifacts()[StageType.SOURCE_TRANSFORM].data["decode"]
+    return session.get_executorch_program_manager(), eager
+
+
 def _main(args: argparse.Namespace) -> int:
     _check(args)
     import torch
 
-    from edgetorch.exir import to_edge_transform_and_lower
     from edgetorch.models import get_spec
     from edgetorch.models.generation import greedy_generate_with_logits
-    from edgetorch.models.llama import example_prompt, export_llama
+    from edgetorch.models.llama import example_prompt
     from edgetorch.runtime import Runtime
 
     model = get_spec(args.model).build().eval()
@@ -56,14 +100,7 @@ def _main(args: argparse.Namespace) -> int:
         raise CliError(f"--prompt-len + --tokens must be at most {cfg.max_seq_len} (the cache length of "
                        f"{args.model})")
     print(f"[1/4] exporting {args.model} as prefill + decode", flush=True)
-    eps = export_llama(model)
-    parts = None
-    if args.backend == "onnxruntime":
-        from edgetorch.backends.onnxruntime import OrtPartitioner
-
-        parts = [OrtPartitioner()]
-    print(f"[2/4] lowering ({args.backend}) and emitting", flush=True)
-    et = to_edge_transform_and_lower(eps, partitioner=parts, generate_etrecord=args.etdump).to_executorch()
+    et, model = _lower(model, args)
     pte = os.path.join(args.out, "model.pte")
     et.save(pte)
     prompt = example_prompt(cfg, args.prompt_len)
