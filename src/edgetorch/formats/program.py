@@ -611,6 +611,13 @@ class FileHeader:
     content_hash: str
 
 
+#: flatbuffer identifiers (bytes [4, 8)) of the reference ExecuTorch's files, named when one is given as a program
+_FOREIGN = {b"ET12": "an ExecuTorch program (.pte): edgetorch's runtime runs edgetorch programs only (export the "
+                     "model with edgetorch; the reference's ETDump and ETRecord of it can be inspected)",
+            b"BP08": "an ExecuTorch bundled program (.bpte): edgetorch's runtime runs edgetorch programs only "
+                     "(devtools.bundled_program.load_bundled_program reads its test cases)"}
+
+
 def read_header(buf: memoryview | bytes, what: str = "program") -> FileHeader:
     """Validates and returns the file header (the ``Minimal`` verification level)."""
     n = len(buf)
@@ -619,7 +626,8 @@ def read_header(buf: memoryview | bytes, what: str = "program") -> FileHeader:
                                  field="header")
     magic, hver, sver, fb_off, fb_size, seg_off, seg_size, digest = HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise ProgramFormatError(f"{what}: not an edgetorch program (magic {bytes(magic)!r}, expected {MAGIC!r})",
+        kind = _FOREIGN.get(bytes(buf[4:8]), "not an edgetorch program")
+        raise ProgramFormatError(f"{what}: {kind} (magic {bytes(magic)!r}, expected {MAGIC!r})",
                                  field="header.magic")
     if hver not in (1, HEADER_VERSION):
         raise ProgramFormatError(f"{what}: unsupported header version {hver} (this reader knows {HEADER_VERSION})",

@@ -9,7 +9,8 @@ Run it with a separate virtual environment holding the pinned reference (never a
     /tmp/refvenv/bin/python tests/data/reference/make_reference_artifacts.py [OUT_DIR [MODEL,MODEL...]]
 
 Per model and backend (``<name>`` = ``<model>_<backend>``) it writes to OUT_DIR (default: this folder):
-``<name>.pte`` (the reference's exporter), ``<name>.etdp`` + ``<name>_debug.bin.gz`` (one run of the reference's
+``<name>.pte`` (the reference's exporter; for the MLP also ``<name>.bpte``, a bundled program with two test
+cases), ``<name>.etdp`` + ``<name>_debug.bin.gz`` (one run of the reference's
 Python runtime with ETDump and a debug buffer, so intermediate outputs are logged), ``<name>_etrecord.bin`` (the
 reference's ETRecord, with representative inputs and reference outputs) and ``<name>_gaps.json``: the reference
 Inspector's own ``calculate_numeric_gap`` tables (MSE and L1: handles, op names, gaps) and its event names, the
@@ -129,6 +130,21 @@ def _jsonable(x):
     return x
 
 
+def write_bundle(et, model: nn.Module, inputs: tuple, path: str) -> None:
+    from executorch.devtools import BundledProgram
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
+
+    cases = []
+    for k in range(2):
+        x = tuple(t + k for t in inputs)
+        with torch.no_grad():
+            cases.append(MethodTestCase(inputs=x, expected_outputs=(model(*x),)))
+    bundle = BundledProgram(et, [MethodTestSuite(method_name="forward", test_cases=cases)])
+    with open(path, "wb") as f:
+        f.write(serialize_from_bundled_program_to_flatbuffer(bundle))
+
+
 def gap_rows(df) -> list[dict]:
     return [{"aot_debug_handle": list(r["aot_debug_handle"]), "aot_ops": list(r["aot_ops"]),
              "runtime_ops": list(r["runtime_ops"]), "runtime_debug_handle": list(r["runtime_debug_handle"]),
@@ -160,6 +176,8 @@ def make(model_name: str, backend: str, out: str) -> None:
     etrecord.update_reference_outputs({"forward": [[expected]]})
     etrecord_path = os.path.join(out, f"{name}_etrecord.bin")
     etrecord.save(etrecord_path)
+    if model_name == "mlp":  # a bundled program: two test cases with their expected outputs
+        write_bundle(et, model, inputs, os.path.join(out, f"{name}.bpte"))
 
     program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=64 << 10)
     (result,) = program.load_method("forward").execute(list(inputs))

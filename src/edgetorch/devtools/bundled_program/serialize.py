@@ -26,11 +26,18 @@ def _value(v: Any) -> Any:
 
 
 def deserialize_from_flatbuffer_to_bundled_program(flatbuffer: bytes | bytearray | memoryview,
-                                                   path: str | None = None) -> BundledProgram:
+                                                   path: str | None = None) -> Any:
     """Parses a .bpte into a ``BundledProgram`` (tensors are copies; the program is kept as .pte bytes).
 
     Corrupt or foreign data raises ``BundledProgramFormatError``; test cases that do not fit the embedded
-    program raise the same errors as the constructor."""
+    program raise the same errors as the constructor. A bundled program the reference ExecuTorch wrote
+    (detected by content) gives an ``ExecutorchBundledProgram`` (its suites, and its program as bytes)."""
+    from edgetorch.formats import bundled_program_executorch as xbp
+
+    if not bpf.is_bundled_program(flatbuffer) and xbp.is_executorch_bundle(flatbuffer):
+        from edgetorch.devtools.bundled_program.executorch import read_executorch_bundled_program
+
+        return read_executorch_bundled_program(flatbuffer, path)
     bundle = bpf.read_bundle(flatbuffer, path)
     suites = [MethodTestSuite(s.method_name, [
         MethodTestCase([_value(v) for v in tc.inputs],
@@ -39,8 +46,8 @@ def deserialize_from_flatbuffer_to_bundled_program(flatbuffer: bytes | bytearray
     return BundledProgram(bytes(bundle.program), suites)
 
 
-def load_bundled_program(path: str | os.PathLike) -> BundledProgram:
-    """Reads a .bpte file into a ``BundledProgram``."""
+def load_bundled_program(path: str | os.PathLike) -> Any:
+    """Reads a .bpte file into a ``BundledProgram`` (an ``ExecutorchBundledProgram`` for the reference's)."""
     p = os.fspath(path)
     with open(p, "rb") as f:
         data = f.read()
