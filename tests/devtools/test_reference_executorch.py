@@ -199,3 +199,28 @@ def test_planted_faults_are_named_top1():
         localized += len(top) <= 4  # not one delegate row spanning the whole model
     assert ours == 32, ours
     assert reference <= 24 and localized >= 19, (reference, localized)
+
+
+def test_three_runs_of_one_program():
+    """One loaded reference program run on three inputs: one block of three runs; each run's logged values are
+    its own (the last kernel's equals the output the reference runtime returned), each run's gap table is
+    computed from its own input, run 0's equals the reference Inspector's table of the single run on that
+    input, and no run names a culprit."""
+    rec = parse_etrecord(DATA / "mlp_portable_etrecord.bin")
+    info = json.loads((DATA / "mlp_portable_3runs_inputs.json").read_text())
+    xs = [torch.tensor(x) for x in info["inputs"]]
+    rec.update_representative_inputs([(x,) for x in xs])
+    ins = Inspector(etdump_path=DATA / "mlp_portable_3runs.etdp", etrecord=rec,
+                    debug_buffer_path=unpack(DATA / "mlp_portable_3runs_debug.bin.gz"))
+    (block,) = [b for b in ins.event_blocks if b.name == "Execute"]
+    assert block.num_runs == 3
+    last = [e for e in block.events if e.name == "native_call_addmm.out"][-1]
+    assert len(last.perf_data.raw) == 3
+    single = {tuple(r["aot_debug_handle"]): r["gap"][0] for r in _reference("mlp_portable")["gaps"]["MSE"]}
+    for k in range(3):
+        torch.testing.assert_close(last.run_debug_data[k][0], torch.tensor(info["runtime_outputs"][k]))
+        df = ins.calculate_numeric_gap("MSE", run=k)
+        assert len(ins.find_culprits(df)) == 0
+        if k == 0:
+            assert {tuple(h): g[0] for h, g in zip(df["aot_debug_handle"], df["gap"])} == pytest.approx(single,
+                                                                                                     rel=1e-6)

@@ -208,6 +208,24 @@ FAULTS = [("mlp", "portable", ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias
           ("vit", "xnnpack", ["patch.weight", "qkv.weight", "fc1.weight", "fc2.weight", "head.weight"])]
 
 
+def make_multirun(out: str) -> None:
+    """The portable MLP run three times by one loaded program, on three inputs (``mlp_portable_3runs.etdp`` +
+    gzipped debug buffer; ``mlp_portable_3runs_inputs.json`` holds the inputs and the reference outputs)."""
+    from executorch.runtime import Runtime
+
+    model, (x,) = build("mlp")
+    xs = [x, x * 0.5, x + 1.0]
+    program = Runtime.get().load_program(os.path.join(out, "mlp_portable.pte"), enable_etdump=True,
+                                         debug_buffer_size=64 << 10)
+    method = program.load_method("forward")
+    outs = [method.execute([xi])[0] for xi in xs]
+    stem = os.path.join(out, "mlp_portable_3runs")
+    program.write_etdump_result_to_file(stem + ".etdp", stem + "_debug.bin")
+    gzip_file(stem + "_debug.bin")
+    with open(stem + "_inputs.json", "w") as f:
+        json.dump({"inputs": [xi.tolist() for xi in xs], "runtime_outputs": [o.tolist() for o in outs]}, f)
+
+
 def make_fault(model_name: str, backend: str, param: str, out: str) -> dict:
     """One planted fault: ``param`` perturbed (5 % of its mean magnitude, seeded noise) before export, the
     program run by the reference runtime; the ETDump and the gzipped debug buffer are compared against the
@@ -275,10 +293,13 @@ def _version() -> str:
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
-    models = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mlp", "cnn", "mobilenet", "vit", "faults"]
+    models = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mlp", "cnn", "mobilenet", "vit", "faults", "multirun"]
     for model_name in models:
         if model_name == "faults":
             make_faults(out)
+            continue
+        if model_name == "multirun":
+            make_multirun(out)
             continue
         for backend in ("portable", "xnnpack"):
             make(model_name, backend, out)
