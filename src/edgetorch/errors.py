@@ -22,6 +22,12 @@ class ProgramFormatError(FormatError):
     """A .pte program file is malformed or of an unsupported version."""
 
 
+class OperatorNotAllowedError(ProgramFormatError):
+    """A program names an operator the runtime does not run: one outside the allow-list
+    (``edgetorch.formats.operators``) and not registered by the user, or called with a kind its schema does not
+    fit; names the operator and the instruction."""
+
+
 class ExportError(EdgeTorchError):
     """A model could not be turned into an edge program (unsupported op, dynamic shape, ...)."""
 

@@ -207,11 +207,20 @@ def test_unsupported_program_gets_no_reference_graph(tmp_path, caplog):
     assert "no reference graph stored for method 'forward'" in caplog.text and "etrecord_fast_test" in caplog.text
     names = zipfile.ZipFile(tmp_path / "custom.etrecord").namelist()
     assert "reference/0.json" not in names and "handles/0.json" in names
-    back = parse_etrecord(tmp_path / "custom.etrecord")
-    assert back._lazy.references == {}
+    # an operator off the allow-list runs only once the user registered it (issue 23), never on the file's word
+    from edgetorch.runtime.ops import register_operator, unregister_operator
+
     with caplog.at_level(logging.WARNING):
-        assert back.reference_graph() is None and rec.reference_graph() is None
-    assert torch.equal(back.exported_program.module()(x), torch.relu(x) * 2)
+        assert rec.reference_graph() is None
+    with pytest.raises(ETRecordFormatError, match="etrecord_fast_test.twice.*not an operator edgetorch runs"):
+        parse_etrecord(tmp_path / "custom.etrecord").exported_program  # noqa: B018
+    register_operator(torch.ops.etrecord_fast_test.twice.default)
+    try:
+        back = parse_etrecord(tmp_path / "custom.etrecord")
+        assert back._lazy.references == {}  # nothing stored; registered, the program itself now runs
+        assert torch.equal(back.exported_program.module()(x), torch.relu(x) * 2)
+    finally:
+        unregister_operator(torch.ops.etrecord_fast_test.twice.default)
 
 
 class _Mutating(nn.Module):

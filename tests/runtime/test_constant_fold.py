@@ -185,11 +185,11 @@ def test_methods_share_a_folded_value_of_the_same_constants() -> None:
 def test_a_folded_instruction_that_fails_at_load_names_it(int8, monkeypatch) -> None:  # noqa: ANN001
     """Folding runs the instruction when the method loads: its failure is a KernelError naming the instruction
     and op there, as it would have been at the first run."""
-    import edgetorch.runtime.method as method_module
+    import edgetorch.runtime.ops as ops_module
     from edgetorch.errors import KernelError
 
     session, _ = int8
-    real = method_module.resolve_operator
+    real = ops_module.resolve_operator
 
     class Broken:
         def __init__(self, op) -> None:  # noqa: ANN001
@@ -205,6 +205,6 @@ def test_a_folded_instruction_that_fails_at_load_names_it(int8, monkeypatch) -> 
         op = real(name, overload)
         return Broken(op) if name == "quantized_decomposed::dequantize_per_channel" else op
 
-    monkeypatch.setattr(method_module, "resolve_operator", resolve)
+    monkeypatch.setattr(ops_module, "resolve_operator", resolve)
     with pytest.raises(KernelError, match=r"instruction \d+ .*dequantize_per_channel.*planted failure"):
         Runtime.get().load_program(session.get_pte_buffer()).load_method("forward")

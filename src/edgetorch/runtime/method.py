@@ -43,10 +43,11 @@ from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
 from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
+from edgetorch.runtime._load_checks import check_kernel, check_operators
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
 from edgetorch.runtime.backend_registry import get_backend, observe_delegate
 from edgetorch.runtime.observer import MethodObserver
-from edgetorch.runtime.ops import direct_functional, direct_kernel, resolve_operator
+from edgetorch.runtime.ops import direct_functional, direct_kernel
 
 _STATIC_CHECKED = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_MUTABLE)
 
@@ -119,6 +120,7 @@ class Method:
         self.name = plan.name
         loaded = program._loaded
         self._lock = threading.RLock()
+        self._ops = check_operators(plan)  # before anything runs (views and folded instructions run at load)
         self._shapes_checked = False  # the first run checks every static planned shape (see _check_planned_shapes)
         self._arena = _allocate_arena(plan)
         self._arena_views: dict[torch.dtype, torch.Tensor] = {}
@@ -239,7 +241,7 @@ class Method:
         if isinstance(c, pf.DelegateCallDef):
             return self._compile_delegate(k, ins)
         opdef = plan.operators[c.op_index]
-        op = resolve_operator(opdef.name, opdef.overload)
+        op = self._ops[c.op_index]
         pos, kw, out_args = self._bind(k, ins, op)
         out_tensors = [self._slots[o] for o in c.outputs]
         kind = pf.CALL_KIND_NAMES.get(c.kind, "?")
@@ -265,10 +267,12 @@ class Method:
                 raise ProgramFormatError(f"method '{self.name}': instruction {k} ({ins.node_name}) has "
                                          f"{len(out_tensors)} outputs but {op} takes {len(out_args)} out arguments",
                                          field=f"{self.name}.instructions[{k}].outputs")
+            check_kernel(self.name, k, ins, op, pos, kw)
             direct = None if fn is not getattr(op, "_op", op) else direct_kernel(op, pos, kw)
             call = direct if direct is not None else functools.partial(fn, *pos, **kw)
             return self._folded(k, ins, op, call, out_tensors) if self._foldable(ins, op) else call
         if c.kind == pf.CALL_FUNCTIONAL_COPY:
+            check_kernel(self.name, k, ins, op, pos, kw)
             call = self._functional_copy(op, fn, pos, kw, out_tensors)
             return self._folded(k, ins, op, call, out_tensors) if self._foldable(ins, op) else call
         raise ProgramFormatError(f"method '{self.name}': instruction {k} has unsupported call kind {kind}",

@@ -1,23 +1,76 @@
-"""Resolves operator names stored in a program to callable ATen kernels."""
+"""Resolves operator names stored in a program to callable ATen kernels: only the operators of the allow-list
+(``edgetorch.formats.operators``) and those the user registered in Python (``register_operator``), each called
+only with the instruction kind its schema fits (``check_call_kind``)."""
 
 from __future__ import annotations
 
 import functools
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from edgetorch.errors import ProgramFormatError
+from edgetorch.errors import OperatorNotAllowedError, ProgramFormatError
+from edgetorch.formats import program as pf
+from edgetorch.formats.operators import is_allowed
 
 #: Operator namespaces registered by a Python module rather than by torch's C++ core. The module is imported
 #: the first time an operator of that namespace is not found, so a process that only runs programs (and never
-#: imported the quantization tool-chain) can still execute PT2E Q/DQ ops.
+#: imported the quantization tool-chain) can still execute PT2E Q/DQ ops. Only allowed names are looked up.
 _LAZY_NAMESPACES: dict[str, str] = {
     "quantized_decomposed": "torch.ao.quantization.fx._decomposed",  # Q/DQ and choose_qparams (torch itself)
     "torchao": "torchao.quantization.quant_primitives",  # torchao's affine quantize/dequantize ops
 }
+
+#: operators the user registered in Python (``register_operator``): "namespace::name.overload" -> overload
+_REGISTERED: dict[str, torch._ops.OpOverload] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def operator_key(op: torch._ops.OpOverload) -> str:
+    """``torch.ops.aten.addmm.out`` -> ``"aten::addmm.out"`` (the name a program or reference graph stores)."""
+    return f"{op.namespace}::{op._schema.name.split('::', 1)[-1]}.{op._overloadname}"
+
+
+#: never registrable, whoever asks: ops that read or write files, rebind storage or print
+_NEVER = ("aten::from_file", "aten::set_", "aten::_print", "aten::save", "aten::load", "debugprims::load_tensor")
+_NEVER_NAMESPACES = ("prims", "profiler", "debugprims")
+
+
+def _check_schema_safe(op: torch._ops.OpOverload) -> None:
+    key = operator_key(op)
+    if key.rpartition(".")[0] in _NEVER or op.namespace in _NEVER_NAMESPACES:
+        raise ValueError(f"operator {key} touches files, storages or the terminal: it cannot be registered")
+    for a in op._schema.arguments:
+        t = str(a.type)
+        if "Storage" in t or "Stream" in t:
+            raise ValueError(f"operator {operator_key(op)} takes a {t} ('{a.name}'): it cannot be registered")
+
+
+def register_operator(op: torch._ops.OpOverload) -> None:
+    """Lets programs and ETRecord reference graphs call ``op`` (an ``OpOverload``, e.g. a ``torch.library``
+    custom op with its out variant) besides the built-in allow-list. Only Python code registers an operator;
+    nothing in a file can. The op runs with the arguments a program gives it: register only kernels that check
+    them and touch nothing outside their tensors."""
+    if not isinstance(op, torch._ops.OpOverload):
+        raise TypeError(f"register_operator expects a torch OpOverload (torch.ops.ns.name.overload), got "
+                        f"{type(op).__name__}")
+    _check_schema_safe(op)
+    with _REGISTRY_LOCK:
+        _REGISTERED[operator_key(op)] = op
+
+
+def unregister_operator(op: torch._ops.OpOverload) -> None:
+    """Undoes ``register_operator`` (a built-in operator stays allowed)."""
+    with _REGISTRY_LOCK:
+        _REGISTERED.pop(operator_key(op), None)
+
+
+def is_operator_allowed(name: str, overload: str) -> bool:
+    """Whether ``name`` (``"aten::addmm"``) with ``overload`` may run: on the allow-list or registered."""
+    return is_allowed(name, overload) or f"{name}.{overload or 'default'}" in _REGISTERED
 
 
 def _lookup(ns: str, op: str, overload: str) -> torch._ops.OpOverload:
@@ -26,11 +79,8 @@ def _lookup(ns: str, op: str, overload: str) -> torch._ops.OpOverload:
 
 
 @functools.cache
-def resolve_operator(name: str, overload: str) -> torch._ops.OpOverload:
-    """``("aten::addmm", "out")`` -> ``torch.ops.aten.addmm.out``; unknown names raise ProgramFormatError."""
+def _resolve_allowed(name: str, overload: str) -> torch._ops.OpOverload:
     ns, _, op = name.partition("::")
-    if not ns or not op:
-        raise ProgramFormatError(f"operator name '{name}' is not of the form namespace::name", field="operators")
     try:
         return _lookup(ns, op, overload)
     except (AttributeError, RuntimeError):
@@ -44,6 +94,46 @@ def resolve_operator(name: str, overload: str) -> torch._ops.OpOverload:
             pass
     raise ProgramFormatError(
         f"operator {name}.{overload or 'default'} is not available in this runtime", field="operators")
+
+
+def resolve_operator(name: str, overload: str) -> torch._ops.OpOverload:
+    """``("aten::addmm", "out")`` -> ``torch.ops.aten.addmm.out``. A name outside the allow-list
+    (``edgetorch.formats.operators``) and not registered raises ``OperatorNotAllowedError`` before any lookup;
+    an allowed name this torch lacks raises ``ProgramFormatError``."""
+    ns, _, op = name.partition("::")
+    if not ns or not op:
+        raise ProgramFormatError(f"operator name '{name}' is not of the form namespace::name", field="operators")
+    key = f"{name}.{overload or 'default'}"
+    registered = _REGISTERED.get(key)
+    if registered is not None:
+        return registered
+    if not is_allowed(name, overload):
+        raise OperatorNotAllowedError(
+            f"operator {key} is not one the edgetorch runtime runs (not on the allow-list of "
+            "edgetorch.formats.operators, not registered with edgetorch.runtime.ops.register_operator)",
+            field="operators")
+    return _resolve_allowed(name, overload)
+
+
+def check_call_kind(op: torch._ops.OpOverload, kind: int) -> str | None:
+    """Why ``op`` cannot be called as a ``kind`` instruction (``formats.program.CALL_*``), or None. An ``OUT``
+    call writes only the schema's out arguments, a ``VIEW`` returns aliases and writes nothing, a
+    ``FUNCTIONAL_COPY`` writes nothing."""
+    schema = op._schema
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if kind == pf.CALL_OUT:
+        if not any(a.is_out for a in schema.arguments):
+            return "it has no out arguments"
+        bad = [a.name for a in written if not a.is_out]
+        return f"it writes its argument(s) {bad}" if bad else None
+    if kind == pf.CALL_VIEW:
+        if written or not schema.returns or any(r.alias_info is None or r.alias_info.is_write
+                                                for r in schema.returns):
+            return "it is not a view (its results are not read-only aliases of an input)"
+        return None
+    if kind == pf.CALL_FUNCTIONAL_COPY:
+        return f"it writes its argument(s) {[a.name for a in written]}" if written else None
+    return None
 
 
 # -- direct kernels for autogenerated out variants ------------------------------------------------------------

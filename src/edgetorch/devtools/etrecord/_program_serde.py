@@ -33,6 +33,7 @@ from edgetorch.devtools.etrecord._tensors import (
     encode_tree,
     portable_spec,
 )
+from edgetorch.runtime.ops import is_operator_allowed, operator_key
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,10 @@ def check_graph_json(doc: Any) -> bool:
 
 
 def _allowed_callable(t: Any) -> bool:
-    if isinstance(t, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+    if isinstance(t, torch._ops.OpOverload):  # the runtime's allow-list, or an operator the user registered
+        name, _, overload = operator_key(t).rpartition(".")
+        return is_operator_allowed(name, overload)
+    if isinstance(t, torch._ops.HigherOrderOperator):
         return True
     try:
         return t is operator.getitem or t in _serde()._SYM_OPS
@@ -218,7 +222,8 @@ def check_program_targets(ep: ExportedProgram) -> None:
             continue
         for node in gm.graph.nodes:
             if node.op == "call_function" and not _allowed_callable(node.target):
-                raise ProgramDataError(f"node {node.name!r} calls {node.target!r}, which is not an operator")
+                raise ProgramDataError(f"node {node.name!r} calls {node.target!r}, which is not an operator edgetorch "
+                                       "runs (edgetorch.formats.operators, edgetorch.runtime.ops.register_operator)")
             if node.op in ("call_method", "call_module"):
                 raise ProgramDataError(f"node {node.name!r} is a {node.op}, not allowed in an exported program")
 

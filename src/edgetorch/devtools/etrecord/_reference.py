@@ -37,13 +37,14 @@ from typing import Any
 import torch
 
 from edgetorch.devtools.etrecord._tensors import _NAME_OF, DTYPES, UnsupportedValueError
+from edgetorch.runtime.ops import is_operator_allowed
 
 REFERENCE_FORMAT = "edgetorch.reference_graph"
 HANDLES_FORMAT = "edgetorch.handle_table"
 SCHEMA_VERSION = 1
 
-#: operator namespaces a stored target may name
-NAMESPACES = ("aten", "prims", "quantized_decomposed", "edgetorch", "torchao")
+#: operator namespaces of the built-in allow-list (``edgetorch.formats.operators``; a user may register others)
+NAMESPACES = ("aten", "quantized_decomposed", "edgetorch", "torchao")
 # namespaces registered by a Python module: imported (a fixed name, never one from the file) on a miss
 _LAZY_NAMESPACE_MODULES = {
     "quantized_decomposed": "torch.ao.quantization.fx._decomposed",
@@ -69,7 +70,7 @@ OPERATORS: dict[str, Callable[..., Any]] = {k.split("::", 1)[1]: f for k, f in C
 _CALLABLE_NAME = {id(f): k for k, f in CALLABLES.items()}
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,199}"
 _DUNDER = r"__[a-z][a-z0-9]*(?:_[a-z0-9]+)*__"  # ATen's Python-operator ops: aten::__and__, aten::__ilshift__
-_TARGET_RE = re.compile(rf"^({'|'.join(NAMESPACES)})::({_IDENT}|{_DUNDER})\.({_IDENT})$")
+_TARGET_RE = re.compile(rf"^({_IDENT})::({_IDENT}|{_DUNDER})\.({_IDENT})$")
 _NAME_RE = re.compile(rf"^{_IDENT}$")
 _DEVICE_RE = re.compile(r"^(?:cpu|cuda|meta|mps|xpu|hpu|privateuseone)(?::[0-9]{1,4})?$")
 _LAYOUTS: dict[str, torch.layout] = {
@@ -121,7 +122,9 @@ def target_name(t: Any) -> str:
         except GraphDataError:
             ok = False
         if not ok:
-            raise UnsupportedValueError(f"operator {s} cannot be stored (namespaces: {', '.join(NAMESPACES)})")
+            raise UnsupportedValueError(f"operator {s} cannot be stored: not on the operator allow-list "
+                                        "(edgetorch.formats.operators) nor registered with "
+                                        "edgetorch.runtime.ops.register_operator")
         return s
     try:
         k = _CALLABLE_NAME.get(id(t))
@@ -156,9 +159,9 @@ def _lookup(ns: str, op: str, overload: str) -> Any:
 
 
 def resolve_target(s: Any) -> Callable[..., Any]:
-    """The callable a stored target names; ``GraphDataError`` for anything that is not an allowed operator."""
-    if isinstance(s, str) and s in _RESOLVED:
-        return _RESOLVED[s]
+    """The callable a stored target names; ``GraphDataError`` for anything that is not an allowed operator: the
+    operators of the runtime's allow-list (``edgetorch.formats.operators``) and those the user registered
+    (``edgetorch.runtime.ops.register_operator``), or the Python callables of ``CALLABLES``."""
     if not isinstance(s, str) or len(s) > 512:
         raise GraphDataError(f"node target {str(s)[:80]!r} is not a string")
     if s in CALLABLES:
@@ -166,9 +169,14 @@ def resolve_target(s: Any) -> Callable[..., Any]:
     m = _TARGET_RE.match(s)
     if m is None or "__" in m.group(1) + m.group(3) or ("__" in m.group(2) and not _dunder_op(m.group(2))):
         raise GraphDataError(f"node target {s[:120]!r} is not an allowed operator: neither "
-                             f"'<namespace>::<op>.<overload>' with a namespace among {', '.join(NAMESPACES)} nor one "
-                             "of the Python callables of symbolic shapes")
+                             "'<namespace>::<op>.<overload>' nor one of the Python callables of symbolic shapes")
     ns, op, overload = m.groups()
+    if not is_operator_allowed(f"{ns}::{op}", overload):
+        raise GraphDataError(f"node target {s!r} is not an operator edgetorch runs: no namespace::op.overload on "
+                             "the allow-list (edgetorch.formats.operators) nor registered with "
+                             "edgetorch.runtime.ops.register_operator")
+    if s in _RESOLVED:
+        return _RESOLVED[s]
     found = None
     try:
         found = _lookup(ns, op, overload)
