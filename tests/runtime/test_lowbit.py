@@ -37,6 +37,8 @@ def test_activation_quantization_is_torchaos_bit_for_bit():
     x = torch.randn(5, 64, generator=g) * torch.linspace(0.01, 30, 5).unsqueeze(1)
     x[2] = x[2].abs()  # a token with no negative value (zero point at the bottom)
     assert torch.equal(lowbit.fake_quant_per_token(x), _apply_int8_act_asym_per_token_quant_dequant(x))
+    for row in x.split(1):  # one token (decode): the scalar path
+        assert torch.equal(lowbit.fake_quant_per_token(row), _apply_int8_act_asym_per_token_quant_dequant(row))
 
 
 def _quantized(config, in_features=256, out_features=96):
@@ -106,3 +108,12 @@ def test_int4_kernel_layout_is_made_once_per_weight():
     low(x)
     assert lowbit._cpu_int4(low.weight, low.scales, low.group_size)[0] is first
     assert first.dtype == torch.uint8 and first.numel() == low.weight.numel()  # int4 in memory, never float
+
+
+def test_chunked_conversion_to_the_cpu_layout_gives_the_whole_weights_bytes():
+    g = torch.Generator().manual_seed(3)
+    n, k = 4 * lowbit._CHUNK_ROWS + 64, 96
+    weight = lowbit.pack_int4(torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8))
+    whole = torch.stack((weight & 15, weight >> 4), dim=-1).reshape(n, k).to(torch.int32)
+    assert torch.equal(lowbit._convert_rows(weight, n, k),
+                       torch.ops.aten._convert_weight_to_int4pack_for_cpu(whole, 1))

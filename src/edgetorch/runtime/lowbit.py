@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import weakref
 
+import numpy as np
 import torch
 
 __all__ = ["OPERATORS", "SMALL_M", "fake_quant_per_token", "pack_int4", "quantize_per_token", "unpack_int4"]
@@ -41,6 +42,7 @@ __all__ = ["OPERATORS", "SMALL_M", "fake_quant_per_token", "pack_int4", "quantiz
 SMALL_M = 32
 _KERNEL_GROUPS = (256, 128, 64, 32)
 _BF16 = torch.bfloat16
+_SMALLEST_NORMAL = np.float32(torch.finfo(torch.float32).smallest_normal)
 
 _lib = torch.library.Library("edgetorch", "FRAGMENT")
 _lib.define("linear_q4(Tensor x, Tensor weight, Tensor scales, Tensor? bias, int group_size, bool act_quant) "
@@ -65,15 +67,32 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).reshape(packed.shape[0], -1)
 
 
-def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchao's int8 asymmetric per-token quantization of ``x`` (float32 ``[M, K]``), the same ops: returns
-    ``q - zero_point`` (integers in [-255, 255], as float32) and the per-token scale ``[M, 1]``."""
-    min_neg = torch.clamp(torch.amin(x, dim=-1, keepdim=True), max=0.0)
-    max_pos = torch.clamp(torch.amax(x, dim=-1, keepdim=True), min=0.0)
-    scale = torch.clamp((max_pos - min_neg) / 255.0, min=torch.finfo(x.dtype).smallest_normal)
-    zero_point = torch.clamp(-128 - torch.round(min_neg / scale), -128, 127).to(torch.int8)
-    q = torch.clamp(torch.round(x * (1.0 / scale)) + zero_point, -128, 127).to(torch.int8)
-    return q.to(x.dtype) - zero_point.to(x.dtype), scale
+def _token_qparams(mn: np.float32, mx: np.float32) -> tuple[np.float32, np.float32, int]:
+    """torchao's asymmetric int8 parameters of one token from its min and max, in float32 arithmetic (numpy
+    float32 scalars round as torch's float32 tensors do): scale, 1 / scale and the zero point."""
+    min_neg, max_pos = min(mn, np.float32(0)), max(mx, np.float32(0))
+    scale = max((max_pos - min_neg) / np.float32(255), _SMALLEST_NORMAL)
+    zero_point = int(min(max(np.float32(-128) - np.round(min_neg / scale), np.float32(-128)), np.float32(127)))
+    return scale, np.float32(1) / scale, zero_point
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """torchao's int8 asymmetric per-token quantization of ``x`` (float32 ``[M, K]``), the same arithmetic:
+    returns ``q - zero_point`` (integers in [-255, 255], as float32) and the per-token scale (``[M, 1]``; a float
+    for one token). ``clamp(round(x / s) + zp, -128, 127) - zp`` is computed as ``clamp(round(x / s), -128 - zp,
+    127 - zp)``: the same integers."""
+    if x.shape[0] == 1:
+        mn, mx = torch.aminmax(x)
+        scale, inv, zp = _token_qparams(np.float32(mn.item()), np.float32(mx.item()))
+        t = torch.mul(x, float(inv))
+        t.round_().clamp_(-128 - zp, 127 - zp)
+        return t, float(scale)
+    mn, mx = torch.aminmax(x, dim=-1, keepdim=True)
+    min_neg, max_pos = torch.clamp(mn, max=0.0), torch.clamp(mx, min=0.0)
+    scale = torch.clamp((max_pos - min_neg) / 255.0, min=float(_SMALLEST_NORMAL))
+    zero_point = torch.clamp(-128 - torch.round(min_neg / scale), -128, 127)
+    t = torch.round(x * (1.0 / scale))
+    return torch.maximum(torch.minimum(t, 127 - zero_point), -128 - zero_point), scale
 
 
 def fake_quant_per_token(x: torch.Tensor) -> torch.Tensor:
@@ -101,14 +120,28 @@ def _cpu_int4(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> tu
         return hit[1], hit[2], hit[3]
     n, k = weight.shape[0], weight.shape[1] * 2
     g = _kernel_group(k, group_size)
-    u = torch.stack((weight & 15, weight >> 4), dim=-1).reshape(n, k).to(torch.int32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    packed = _convert_rows(weight, n, k)
     per_group = scales.repeat_interleave(group_size // g, dim=1) if g != group_size else scales
     sz = torch.stack((per_group.t(), torch.zeros_like(per_group.t())), dim=-1).to(_BF16).contiguous()
     with _CACHE_LOCK:
         _CACHE[key] = (weakref.ref(weight), packed, sz, g)
     weakref.finalize(weight, _CACHE.pop, key, None)
     return packed, sz, g
+
+
+#: rows converted at a time: torch's CPU layout packs blocks of 64 rows independently (tests/runtime/test_lowbit),
+#: so converting in chunks gives the same bytes with a few MiB of temporaries instead of 10 bytes per weight
+_CHUNK_ROWS = 256
+
+
+def _convert_rows(weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    step = _CHUNK_ROWS if n % 64 == 0 else n
+    parts = []
+    for r in range(0, n, step):
+        w = weight[r:r + step]
+        u = torch.stack((w & 15, w >> 4), dim=-1).reshape(w.shape[0], k).to(torch.int32)
+        parts.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _dequant_bf16(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -118,7 +151,7 @@ def _dequant_bf16(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -
     return w.view(n, k)
 
 
-def _prepare(x: torch.Tensor, k: int, act_quant: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _prepare(x: torch.Tensor, k: int, act_quant: bool) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """The bf16 GEMM operand and the per-token scale to apply after the GEMM (8da4w: the operand is the exact
     integer ``q - zero_point``, which bf16 holds exactly, so only the weights' side is rounded)."""
     x2 = x.reshape(-1, k)
@@ -128,13 +161,15 @@ def _prepare(x: torch.Tensor, k: int, act_quant: bool) -> tuple[torch.Tensor, to
     return centered.to(_BF16), scale
 
 
-def _finish(y: torch.Tensor, x: torch.Tensor, token_scale: torch.Tensor | None, bias: torch.Tensor | None,
+def _finish(y: torch.Tensor, x: torch.Tensor, token_scale: torch.Tensor | float | None, bias: torch.Tensor | None,
             out: torch.Tensor | None) -> torch.Tensor:
     shape = (*x.shape[:-1], y.shape[-1])
     if out is None:
         out = torch.empty(shape, dtype=x.dtype)
     out.copy_(y.view(shape))
-    if token_scale is not None:
+    if isinstance(token_scale, float):
+        out.mul_(token_scale)
+    elif token_scale is not None:
         out.mul_(token_scale.view(*shape[:-1], 1))
     if bias is not None:
         out.add_(bias)

@@ -1,0 +1,143 @@
+"""Quantized LLM on device: torchao 8da4w (int8 dynamic activations, int4 weights) through the export recipes,
+on the portable backend (``edgetorch::linear_q4``) and the ONNX Runtime delegate (``MatMulNBits``), against eager
+fp32 and edgetorch fp32.
+
+For the zoo's ``llama_100m`` (prefill + decode methods sharing a static KV cache): decode ms/token at position
+``--prompt``, prefill of ``--prompt`` tokens, program MiB, and the resident memory a fresh process adds while it
+decodes (loaded from the saved .pte, measured in a subprocess per program); 1 and 2 threads. Timings are medians of
+``--runs`` alternating runs (eager, edgetorch fp32, 8da4w portable, 8da4w ORT, eager, ...) in one process.
+
+    python bench/bench_lowbit.py --model llama_100m --prompt 128 --runs 15 --out /tmp/lowbit
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import alternate, threads  # noqa: E402
+
+from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export  # noqa: E402
+from edgetorch.models import get_spec  # noqa: E402
+from edgetorch.models.llama import example_prompt, llama_dynamic_shapes, llama_method_inputs  # noqa: E402
+from edgetorch.runtime import Runtime  # noqa: E402
+
+RECIPES = {
+    "et_fp32": (PortableRecipeType.FP32, {}),
+    "et_8da4w": (PortableRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR, {}),
+    "ort_8da4w": (OrtRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR, {}),
+}
+
+_RSS_CHILD = """
+import json, os, sys, psutil, torch
+from edgetorch.runtime import Runtime
+from edgetorch.models.llama import LLAMA_CONFIGS, example_prompt
+torch.set_num_threads(1)
+proc = psutil.Process(os.getpid())
+
+def generate(path, cfg):
+    prog = Runtime.get().load_program(path)
+    prefill, decode = prog.load_method("prefill"), prog.load_method("decode")
+    prompt = example_prompt(cfg, 8)
+    logits = prefill.execute(prompt, torch.arange(8))[0]
+    for i in range(16):
+        token = logits.reshape(-1, logits.shape[-1])[-1].argmax().reshape(1, 1)
+        logits = decode.execute(token, torch.tensor([8 + i]))[0]
+    return prog
+
+warm = generate(sys.argv[3], LLAMA_CONFIGS["llama_tiny"])  # libraries and kernels paged in: not the program's
+before = proc.memory_info().rss
+prog = generate(sys.argv[1], LLAMA_CONFIGS[sys.argv[2]])
+print(json.dumps({"rss_mib": (proc.memory_info().rss - before) / 2**20}))
+"""
+
+
+def build(model: torch.nn.Module, out: str, tag: str = "") -> dict[str, str]:
+    inputs = llama_method_inputs(model.config)
+    paths = {}
+    for name, (rtype, kwargs) in RECIPES.items():
+        t0 = time.perf_counter()
+        session = export({"prefill": model, "decode": model}, {k: [v] for k, v in inputs.items()},
+                         ExportRecipe.get_recipe(rtype, **kwargs), dynamic_shapes=llama_dynamic_shapes(model.config))
+        paths[name] = os.path.join(out, f"{name}{tag}.pte")
+        session.save_to_pte(paths[name])
+        del session
+        gc.collect()
+        print(f"  {name}: export {time.perf_counter() - t0:.0f} s, {os.path.getsize(paths[name]) / 2**20:.1f} MiB",
+              flush=True)
+    return paths
+
+
+def resident(paths: dict[str, str], warm: dict[str, str], model_name: str) -> dict[str, float]:
+    """Resident memory a process adds loading and running each program, after a llama_tiny program of the same
+    recipe has paged in the libraries and kernels."""
+    out = {}
+    for name, path in paths.items():
+        res = subprocess.run([sys.executable, "-c", _RSS_CHILD, path, model_name, warm[name]], capture_output=True,
+                             text=True, check=True)
+        out[name] = json.loads(res.stdout.strip().splitlines()[-1])["rss_mib"]
+    return out
+
+
+def measure(model, paths: dict[str, str], prompt_len: int, runs: int, n_threads: int) -> dict[str, dict]:
+    prompt = example_prompt(model.config, prompt_len)
+    pos = torch.arange(prompt_len)
+    token, tpos = prompt[:, -1:], torch.tensor([prompt_len])
+    with threads(n_threads):
+        methods = {}
+        for name, path in paths.items():
+            prog = Runtime.get().load_program(path)
+            methods[name] = (prog.load_method("prefill"), prog.load_method("decode"))
+        with torch.no_grad():
+            model.reset_cache()
+            model.prefill(prompt, pos)
+            for pre, _ in methods.values():
+                pre.execute(prompt, pos)
+            dec = {"eager_fp32": lambda: model.decode(token, tpos)}
+            pre = {"eager_fp32": lambda: model.prefill(prompt, pos)}
+            for name, (p, d) in methods.items():
+                dec[name] = lambda d=d: d.execute(token, tpos)
+                pre[name] = lambda p=p: p.execute(prompt, pos)
+            decode_s = alternate(dec, runs)
+            prefill_s = alternate(pre, max(3, runs // 3), warmup=1)
+    return {k: {"decode_ms": 1000 * decode_s[k], "prefill_ms": 1000 * prefill_s[k]} for k in decode_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama_100m")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--out", default="/tmp/edgetorch-lowbit")
+    ap.add_argument("--threads", default="1,2")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    model = get_spec(args.model).build().eval()
+    print(f"{args.model}; torch {torch.__version__}; {os.cpu_count()} cpus; load {os.getloadavg()}", flush=True)
+    warm = build(get_spec("llama_tiny").build().eval(), args.out, "_tiny")
+    paths = build(model, args.out)
+    sizes = {k: os.path.getsize(p) / 2**20 for k, p in paths.items()}
+    rss = resident(paths, warm, args.model)
+    for k in paths:
+        print(f"  {k}: program {sizes[k]:.1f} MiB, resident while decoding {rss[k]:.1f} MiB "
+              f"({rss[k] / sizes[k]:.2f}x the program)", flush=True)
+    for n in (int(t) for t in args.threads.split(",")):
+        res = measure(model, paths, args.prompt, args.runs, n)
+        base = res["eager_fp32"]
+        for k, v in res.items():
+            dec, pre = v["decode_ms"], v["prefill_ms"]
+            print(f"threads={n} {k:10s} decode {dec:7.2f} ms/token ({dec / base['decode_ms']:.2f}x eager) prefill "
+                  f"{args.prompt} {pre:7.1f} ms ({pre / base['prefill_ms']:.2f}x eager)  load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
