@@ -37,7 +37,10 @@ def test_activation_quantization_is_torchaos_bit_for_bit():
     x = torch.randn(5, 64, generator=g) * torch.linspace(0.01, 30, 5).unsqueeze(1)
     x[2] = x[2].abs()  # a token with no negative value (zero point at the bottom)
     assert torch.equal(lowbit.fake_quant_per_token(x), _apply_int8_act_asym_per_token_quant_dequant(x))
-    for row in x.split(1):  # one token (decode): the scalar path
+    many = torch.randn(300, 64, generator=g) * torch.logspace(-4, 3, 300).unsqueeze(1)
+    many[::7] = many[::7].abs()
+    many[::11] = -many[::11].abs()
+    for row in torch.cat([x, many]).split(1):  # one token (decode): the scalar path
         assert torch.equal(lowbit.fake_quant_per_token(row), _apply_int8_act_asym_per_token_quant_dequant(row))
 
 

@@ -30,10 +30,10 @@ max abs error <= 2e-2 * max |y| on each layer).
 
 from __future__ import annotations
 
+import struct
 import threading
 import weakref
 
-import numpy as np
 import torch
 
 __all__ = ["OPERATORS", "SMALL_M", "fake_quant_per_token", "pack_int4", "quantize_per_token", "unpack_int4"]
@@ -42,7 +42,8 @@ __all__ = ["OPERATORS", "SMALL_M", "fake_quant_per_token", "pack_int4", "quantiz
 SMALL_M = 32
 _KERNEL_GROUPS = (256, 128, 64, 32)
 _BF16 = torch.bfloat16
-_SMALLEST_NORMAL = np.float32(torch.finfo(torch.float32).smallest_normal)
+_SMALLEST_NORMAL = torch.finfo(torch.float32).smallest_normal
+_F32 = struct.Struct("f")
 
 _lib = torch.library.Library("edgetorch", "FRAGMENT")
 _lib.define("linear_q4(Tensor x, Tensor weight, Tensor scales, Tensor? bias, int group_size, bool act_quant) "
@@ -67,13 +68,19 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).reshape(packed.shape[0], -1)
 
 
-def _token_qparams(mn: np.float32, mx: np.float32) -> tuple[np.float32, np.float32, int]:
-    """torchao's asymmetric int8 parameters of one token from its min and max, in float32 arithmetic (numpy
-    float32 scalars round as torch's float32 tensors do): scale, 1 / scale and the zero point."""
-    min_neg, max_pos = min(mn, np.float32(0)), max(mx, np.float32(0))
-    scale = max((max_pos - min_neg) / np.float32(255), _SMALLEST_NORMAL)
-    zero_point = int(min(max(np.float32(-128) - np.round(min_neg / scale), np.float32(-128)), np.float32(127)))
-    return scale, np.float32(1) / scale, zero_point
+def _f32(v: float) -> float:
+    """``v`` rounded to the nearest float32 (a Python float)."""
+    return _F32.unpack(_F32.pack(v))[0]
+
+
+def _token_qparams(mn: float, mx: float) -> tuple[float, float, int]:
+    """torchao's asymmetric int8 parameters of one token from its (float32) min and max: scale, 1 / scale and the
+    zero point, each step rounded to float32 as torch's float32 tensors round it (an operation on doubles rounded
+    once to float32 is the float32 operation: double has more than 2 * 24 + 2 bits)."""
+    min_neg, max_pos = min(mn, 0.0), max(mx, 0.0)
+    scale = max(_f32(_f32(max_pos - min_neg) / 255.0), _SMALLEST_NORMAL)
+    zero_point = int(min(max(-128.0 - round(_f32(min_neg / scale)), -128.0), 127.0))
+    return scale, _f32(1.0 / scale), zero_point
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
@@ -83,13 +90,13 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | fl
     127 - zp)``: the same integers."""
     if x.shape[0] == 1:
         mn, mx = torch.aminmax(x)
-        scale, inv, zp = _token_qparams(np.float32(mn.item()), np.float32(mx.item()))
-        t = torch.mul(x, float(inv))
+        scale, inv, zp = _token_qparams(mn.item(), mx.item())
+        t = torch.mul(x, inv)
         t.round_().clamp_(-128 - zp, 127 - zp)
-        return t, float(scale)
+        return t, scale
     mn, mx = torch.aminmax(x, dim=-1, keepdim=True)
     min_neg, max_pos = torch.clamp(mn, max=0.0), torch.clamp(mx, min=0.0)
-    scale = torch.clamp((max_pos - min_neg) / 255.0, min=float(_SMALLEST_NORMAL))
+    scale = torch.clamp((max_pos - min_neg) / 255.0, min=_SMALLEST_NORMAL)
     zero_point = torch.clamp(-128 - torch.round(min_neg / scale), -128, 127)
     t = torch.round(x * (1.0 / scale))
     return torch.maximum(torch.minimum(t, 127 - zero_point), -128 - zero_point), scale
