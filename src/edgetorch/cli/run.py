@@ -293,6 +293,12 @@ def _main(args: argparse.Namespace) -> int:
         if os.path.abspath(args.debug_output_path) == os.path.abspath(etdump_path):
             raise CliError("--etdump_path and --debug_output_path name the same file")
 
+    from edgetorch.cli.run_reference import reference_kind
+
+    kind = reference_kind(path)
+    if kind is not None:  # written by the reference ExecuTorch: its own runtime runs it
+        return _run_reference(args, path, kind, etdump_path, dump_level, out)
+
     import mmap
 
     from edgetorch.errors import EdgeTorchError, FormatError, RuntimeInputError
@@ -443,6 +449,29 @@ def _main(args: argparse.Namespace) -> int:
         out.flush()
         return EXIT_VERIFY_FAILED if bad else EXIT_OK
     return EXIT_OK
+
+
+def _run_reference(args: argparse.Namespace, path: str, kind: str, etdump_path: str | None,
+                   dump_level: str | None, out: Any) -> int:
+    from edgetorch.cli.run_reference import run_reference
+
+    outputs, expected = run_reference(args, path, kind, etdump_path, dump_level, out)
+    if args.print_output:
+        for j, v in enumerate(outputs):
+            print(f"Output {j}: {v}", file=out)
+    if not args.output_verification:
+        return EXIT_OK
+    if expected is None or len(outputs) != len(expected):
+        print(f"Bundle verification failed: {len(outputs)} output(s), the test case expects "
+              f"{'none' if expected is None else len(expected)}.", file=out)
+        return EXIT_VERIFY_FAILED
+    checks = [compare_output(j, a, e, args.rtol, args.atol) for j, (a, e) in enumerate(zip(outputs, expected))]
+    ok = all(c.ok for c in checks)
+    print(("Model verified successfully" if ok else "Bundle verification failed") +
+          f" (rtol={args.rtol:g}, atol={args.atol:g}). Error statistics:", file=out)
+    for c in checks:
+        print(c.line(), file=out)
+    return EXIT_OK if ok else EXIT_VERIFY_FAILED
 
 
 def run(args: argparse.Namespace) -> int:
