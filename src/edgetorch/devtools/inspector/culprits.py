@@ -16,6 +16,14 @@ exceeds what its dtype and reduction length explain), then by ``local_rel_error`
 column of the gap table (``gap``/``local_gap``: accumulated vs local in the chosen metric; ``rel_error`` /
 ``local_rel_error``; ``delegate`` / ``in_delegate_call``; ``source``; ``module``) plus ``noise_ratio`` and
 ``accumulated_rank`` (the row's rank when sorting by accumulated gap, the reference tool's way; 1 = first).
+
+A float-reference table (``calculate_numeric_gap(..., reference_graph="float")``: a quantized program against its
+float model) is ranked by the evidence it carries (``float_culprits``): the quantized rows whose own quantization
+adds the most error (lowest finite ``local_sqnr_db``) first. Rows without a signal are ranked apart, in
+``attrs["no_signal"]`` with a ``reason``: a local SQNR of ``-inf`` (the float op's output is zero there: any error
+is infinitely large relative to it, and says nothing about the layer) or ``nan``, and exact rows (``+inf``: the
+op adds no error). ``attrs["lost_from"]`` names the first row whose accumulated SQNR is at or below 0 dB (the
+error is as large as the output itself from there on), else None.
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ def find_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     is within noise. See the module docstring for the ranking and the evidence columns."""
     if not isinstance(top, int) or top < 0:
         raise InspectorError(f"find_culprits: top must be a non-negative int, got {top!r}")
+    if is_float_table(df):
+        return float_culprits(df, top)
     missing = [c for c in NEEDED if c not in df.columns]
     if missing:
         raise InspectorError(f"find_culprits: df lacks the columns {missing}; pass the DataFrame "
@@ -110,3 +120,57 @@ def find_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
 
     order = sorted(out.index, key=key)
     return out.loc[order[:top]]
+
+
+#: the columns that make a table a float-reference table (``reference_graph="float"``)
+FLOAT_NEEDED = ("sqnr_db", "local_sqnr_db", "aot_ops")
+
+
+def is_float_table(df: pd.DataFrame) -> bool:
+    """Whether ``df`` is a float-reference gap table (a quantized program against its float model)."""
+    return df.attrs.get("reference_graph") == "float" or all(c in df.columns for c in FLOAT_NEEDED)
+
+
+def _no_signal_reason(local_sqnr: float | None) -> str | None:
+    if local_sqnr is None or math.isnan(local_sqnr):
+        return "no local SQNR (the op was not compared on the runtime's inputs)"
+    if local_sqnr == -math.inf:
+        return ("no float signal: the float op's output is zero here, so any error is infinite relative to it; "
+                "SQNR says nothing about this layer")
+    if local_sqnr == math.inf:
+        return "exact: its quantization adds no error"
+    return None
+
+
+def float_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """The culprits of a float-reference table (see the module docstring): quantized rows with a finite local
+    SQNR, lowest first (ties: lowest accumulated SQNR), at most ``top``, with an ``evidence`` column; rows without
+    a signal in ``attrs["no_signal"]`` (with a ``reason``), the first row whose output is lost in
+    ``attrs["lost_from"]``."""
+    missing = [c for c in FLOAT_NEEDED if c not in df.columns]
+    if missing:
+        raise InspectorError(f"find_culprits: the float-reference table lacks the columns {missing}")
+    local = [_opt(v) for v in df["local_sqnr_db"]]
+    acc = [_opt(v) for v in df["sqnr_db"]]
+    quantized = list(df["quantized"]) if "quantized" in df.columns else [True] * len(df)
+    reasons = [_no_signal_reason(v) for v in local]
+    keep = [i for i, r, q in zip(df.index, reasons, quantized) if r is None and q]
+    pos = {i: k for k, i in enumerate(df.index)}
+    order = sorted(keep, key=lambda i: (local[pos[i]], acc[pos[i]] if acc[pos[i]] is not None else math.inf, pos[i]))
+    out = df.loc[order[:top]].copy()
+    out["evidence"] = [f"its own quantization: local SQNR {local[pos[i]]:.1f} dB; accumulated "
+                       f"{acc[pos[i]]:.1f} dB" if acc[pos[i]] is not None else
+                       f"its own quantization: local SQNR {local[pos[i]]:.1f} dB" for i in out.index]
+    apart = [i for i, r in zip(df.index, reasons) if r is not None]
+    no_signal = df.loc[apart].copy()
+    no_signal["reason"] = [reasons[pos[i]] for i in apart]
+    out.attrs = {**df.attrs, "no_signal": no_signal,
+                 "lost_from": next((_label(df, i) for i, a in zip(df.index, acc) if a is not None and a <= 0.0),
+                                   None)}
+    return out
+
+
+def _label(df: pd.DataFrame, i: Any) -> str:
+    module = df.at[i, "module"] if "module" in df.columns else ""
+    ops = ", ".join(df.at[i, "aot_ops"])
+    return f"{module} ({ops})" if module else ops

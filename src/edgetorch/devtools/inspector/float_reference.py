@@ -891,10 +891,12 @@ def with_output_impact(inspector: Any, df: pd.DataFrame, method: str | None = No
 def rank_quantization_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     """The ``top`` rows of a float-reference gap table whose own quantization adds the most error: lowest local
     SQNR first (ties: lowest accumulated SQNR). Rows whose op is not quantized (no weight, no output quantizer)
-    are left out."""
+    and rows without a float signal (local SQNR ``-inf``: ``culprits.float_culprits`` ranks them apart) are
+    left out."""
     if df.empty:
         return df
     cand = df[df["quantized"]] if "quantized" in df else df
+    cand = cand[cand["local_sqnr_db"].astype(float) != -math.inf]
     key = cand["local_sqnr_db"].astype(float).fillna(math.inf)
     ranked = cand.assign(_k=key, _a=cand["sqnr_db"].astype(float)).sort_values(["_k", "_a"], kind="stable")
     return ranked.drop(columns=["_k", "_a"]).head(top)
