@@ -205,3 +205,20 @@ def test_reference_bundled_program_bit_flips():
         except EdgeTorchError:  # flipped out of the reference's identifier: edgetorch's own reader refuses it
             n_err += 1
     assert n_err > 50
+
+
+def test_integration_tutorial_calls_on_reference_artifacts():
+    """What the reference's developer-tools integration tutorial calls after its runner, on reference artifacts."""
+    ins = _inspector("cnn_portable")
+    buf = io.StringIO()
+    ins.print_data_tabular(file=buf)
+    assert "native_call_convolution.out" in buf.getvalue()
+    conv1 = [e for b in ins.event_blocks for e in b.events if e.name == "native_call_convolution.out"][0]
+    assert conv1.debug_handles == 1 and conv1.op_types == ["aten::convolution"]
+    assert conv1.module_hierarchy["aten_convolution_default"]["L__self__conv1"] == (
+        "conv1", "torch.nn.modules.conv.Conv2d")
+    assert "make_reference_artifacts.py" in conv1.stack_traces["aten_convolution_default"]
+    # the kernel's time only (the reference's OPERATOR_CALL scope around it is not counted again)
+    assert ins.find_total_for_module("conv1") == pytest.approx(conv1.perf_data.avg)
+    ep = ins.get_exported_program()
+    assert any(n.name == "aten_convolution_default" for n in ep.graph.nodes)

@@ -282,8 +282,8 @@ class Inspector:
         total = 0.0
         for block in self.event_blocks:
             for ev in block.events:
-                if ev.perf_data is None or ev.name in FRAMEWORK_EVENTS:
-                    continue
+                if ev.perf_data is None or ev.name in FRAMEWORK_EVENTS or ev.name == ed.OPERATOR_CALL:
+                    continue  # the reference's OPERATOR_CALL scope would count its kernel twice
                 if any(module_name in str(k) or module_name in str(v[0])
                        for stack in ev.module_hierarchy.values() for k, v in (stack or {}).items()):
                     total += ev.perf_data.avg
