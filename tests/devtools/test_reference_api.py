@@ -222,3 +222,25 @@ def test_integration_tutorial_calls_on_reference_artifacts():
     assert ins.find_total_for_module("conv1") == pytest.approx(conv1.perf_data.avg)
     ep = ins.get_exported_program()
     assert any(n.name == "aten_convolution_default" for n in ep.graph.nodes)
+
+
+def test_compare_results_on_reference_outputs():
+    """The integration tutorial's last step: the bundled reference output against the run's logged output."""
+    from edgetorch.devtools.inspector import compare_results
+
+    ins = _inspector("cnn_portable")
+    block = next(b for b in ins.event_blocks if b.name == "Execute")
+    ref = ins.etrecord.reference_outputs["forward"][0]
+    buf = io.StringIO()
+    res = compare_results(ref, block.run_output, file=buf)
+    assert set(res) == {"snr", "mse", "cosine_similarity"} and "snr" in buf.getvalue()
+    diff = (ref[0].double() - block.run_output[0].double())
+    assert res["mse"] == [round(float((diff ** 2).mean()), 2)]
+    assert res["cosine_similarity"] == [1.0] and res["snr"][0] > 100
+    assert compare_results(ref, ref, metrics=["MSE"], file=io.StringIO()) == {"mse": [0.0]}
+    from edgetorch.errors import InspectorError
+
+    with pytest.raises(InspectorError, match="unknown"):
+        compare_results(ref, ref, metrics=["psnr"])
+    with pytest.raises(InspectorError, match="output"):
+        compare_results(ref, ref + ref)

@@ -8,6 +8,7 @@ from edgetorch.devtools.inspector.comparators import (
     NumericalComparatorBase,
     SNRComparator,
 )
+from edgetorch.devtools.inspector.compare import compare_results
 from edgetorch.devtools.inspector.events import Event, EventBlock, ObserverEffect, PerfData, TimeScale
 from edgetorch.devtools.inspector.inspector import Inspector
 from edgetorch.devtools.inspector.numeric_gap import Coverage
@@ -26,4 +27,5 @@ __all__ = [
     "PerfData",
     "SNRComparator",
     "TimeScale",
+    "compare_results",
 ]
