@@ -18,7 +18,7 @@ from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL
 from tests.devtools._reference_data import DATA, FAULTS, debug_buffer, unpack
 
-NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "vit") for b in ("portable", "xnnpack")]
+NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "vit", "cnn_int8") for b in ("portable", "xnnpack")]
 
 
 def _paths(name: str) -> dict[str, str]:

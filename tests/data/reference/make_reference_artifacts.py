@@ -130,6 +130,21 @@ def _jsonable(x):
     return x
 
 
+def quantize(model: nn.Module, inputs: tuple) -> nn.Module:
+    """PT2E INT8 (XNNPACK's symmetric per-channel config), calibrated on ``inputs``."""
+    import executorch.kernels.quantized  # noqa: F401  (out variants of the Q/DQ ops for the portable kernels)
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    m = prepare_pt2e(torch.export.export(model, inputs).module(), quantizer)
+    m(*inputs)
+    return convert_pt2e(m)
+
+
 def write_bundle(et, model: nn.Module, inputs: tuple, path: str) -> None:
     from executorch.devtools import BundledProgram
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
@@ -156,13 +171,15 @@ def make(model_name: str, backend: str, out: str) -> None:
     from executorch.exir import to_edge_transform_and_lower
     from executorch.runtime import Runtime
 
-    model, inputs = build(model_name)
+    model, inputs = build(model_name.removesuffix("_int8"))
     name = f"{model_name}_{backend}"
     partitioner = []
     if backend == "xnnpack":
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         partitioner = [XnnpackPartitioner()]
+    if model_name.endswith("_int8"):
+        model = quantize(model, inputs)
     aten = torch.export.export(model, inputs)
     edge = to_edge_transform_and_lower(aten, partitioner=partitioner, generate_etrecord=True)
     et = edge.to_executorch()
@@ -173,7 +190,7 @@ def make(model_name: str, backend: str, out: str) -> None:
     etrecord.update_representative_inputs([inputs])
     with torch.no_grad():
         expected = model(*inputs)
-    etrecord.update_reference_outputs({"forward": [[expected]]})
+    etrecord.update_reference_outputs({"forward": [[expected.detach()]]})
     etrecord_path = os.path.join(out, f"{name}_etrecord.bin")
     etrecord.save(etrecord_path)
     if model_name == "mlp":  # a bundled program: two test cases with their expected outputs
@@ -293,7 +310,8 @@ def _version() -> str:
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
-    models = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mlp", "cnn", "mobilenet", "vit", "faults", "multirun"]
+    everything = ["mlp", "cnn", "mobilenet", "vit", "cnn_int8", "faults", "multirun"]
+    models = sys.argv[2].split(",") if len(sys.argv) > 2 else everything
     for model_name in models:
         if model_name == "faults":
             make_faults(out)

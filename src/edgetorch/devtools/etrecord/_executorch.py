@@ -52,6 +52,9 @@ _MAX_DEPTH = 200
 _OP_NAMESPACES = frozenset({"aten", "prims", "quantized_decomposed", "torchao"})
 _OPERATORS = frozenset({"getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "pow", "eq", "ne",
                         "lt", "le", "gt", "ge", "and_", "or_", "not_"})
+#: the module registering an allowed namespace's operators, imported (a fixed module, never one a file names)
+#: before a program using that namespace is deserialized
+_OP_LIBRARIES = {"quantized_decomposed": "torch.ao.quantization.fx._decomposed"}
 _TARGET = re.compile(r"^torch\.ops\.([A-Za-z_][A-Za-z0-9_]*)\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -208,6 +211,11 @@ def _target(z: _Zip, entry: str, t: Any) -> str:
         t = "torch.ops." + t[len(_EDGE_OPS):]
     m = _TARGET.match(t)
     if m and m.group(1) in _OP_NAMESPACES:
+        lib = _OP_LIBRARIES.get(m.group(1))
+        if lib is not None:
+            import importlib
+
+            importlib.import_module(lib)
         return t
     if t.startswith("_operator.") and t[len("_operator."):] in _OPERATORS:
         return t
