@@ -60,10 +60,13 @@ print(json.dumps({"rss_mib": (proc.memory_info().rss - before) / 2**20}))
 """
 
 
-def build(model: torch.nn.Module, out: str, tag: str = "") -> dict[str, str]:
+def build(model: torch.nn.Module, out: str, tag: str = "", reuse: bool = False) -> dict[str, str]:
     inputs = llama_method_inputs(model.config)
     paths = {}
     for name, (rtype, kwargs) in RECIPES.items():
+        if reuse and os.path.exists(os.path.join(out, f"{name}{tag}.pte")):
+            paths[name] = os.path.join(out, f"{name}{tag}.pte")
+            continue
         t0 = time.perf_counter()
         session = export({"prefill": model, "decode": model}, {k: [v] for k, v in inputs.items()},
                          ExportRecipe.get_recipe(rtype, **kwargs), dynamic_shapes=llama_dynamic_shapes(model.config))
@@ -118,12 +121,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--out", default="/tmp/edgetorch-lowbit")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--reuse", action="store_true", help="keep the programs already in --out (the kernels run "
+                                                          "at load: a runtime change needs no re-export)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     model = get_spec(args.model).build().eval()
     print(f"{args.model}; torch {torch.__version__}; {os.cpu_count()} cpus; load {os.getloadavg()}", flush=True)
-    warm = build(get_spec("llama_tiny").build().eval(), args.out, "_tiny")
-    paths = build(model, args.out)
+    warm = build(get_spec("llama_tiny").build().eval(), args.out, "_tiny", args.reuse)
+    paths = build(model, args.out, reuse=args.reuse)
     sizes = {k: os.path.getsize(p) / 2**20 for k, p in paths.items()}
     rss = resident(paths, warm, args.model)
     for k in paths:

@@ -120,3 +120,11 @@ def test_chunked_conversion_to_the_cpu_layout_gives_the_whole_weights_bytes():
     whole = torch.stack((weight & 15, weight >> 4), dim=-1).reshape(n, k).to(torch.int32)
     assert torch.equal(lowbit._convert_rows(weight, n, k),
                        torch.ops.aten._convert_weight_to_int4pack_for_cpu(whole, 1))
+
+
+def test_prefill_dequantization_is_the_weights_in_bf16():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(-8, 8, (64, 128), generator=g, dtype=torch.int8)
+    scales = torch.rand(64, 4, generator=g)
+    want = (q.float().view(64, 4, 32) * scales.to(torch.bfloat16).float().unsqueeze(-1)).view(64, 128)
+    assert torch.equal(lowbit._dequant_bf16(lowbit.pack_int4(q), scales, 32), want.to(torch.bfloat16))

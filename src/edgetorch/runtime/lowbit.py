@@ -152,6 +152,8 @@ def _convert_rows(weight: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 def _dequant_bf16(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The weight in bf16, ``(u - 8) * scale`` (the fastest of the gather, ``addcmul`` and split-then-scale
+    variants measured on llama_100m's prefill)."""
     n, k = weight.shape[0], weight.shape[1] * 2
     w = torch.stack((weight & 15, weight >> 4), dim=-1).view(n, k // group_size, group_size).to(_BF16)
     w.sub_(8).mul_(scales.to(_BF16).unsqueeze(-1))
