@@ -224,3 +224,22 @@ def test_three_runs_of_one_program():
         if k == 0:
             assert {tuple(h): g[0] for h, g in zip(df["aot_debug_handle"], df["gap"])} == pytest.approx(single,
                                                                                                      rel=1e-6)
+
+
+def test_graph_map_entries():
+    """A reference record with an ``edge_after_transform`` graph and an extra recorded module: both read into
+    ``graph_map`` (on first use), runnable, and the transformed graph serves as gap reference for the same run."""
+    rec = parse_etrecord(DATA / "mlp_extras_etrecord.bin")
+    assert sorted(rec.graph_map_names()) == ["aux/forward", "edge_after_transform/forward"]
+    (x,) = rec.representative_inputs["forward"][0]
+    aux = rec.graph_map["aux/forward"]
+    torch.manual_seed(26)
+    torch.testing.assert_close(aux.module()(x), torch.nn.Linear(16, 4)(x))
+    ins = Inspector(etdump_path=DATA / "mlp_portable.etdp", etrecord=rec,
+                    debug_buffer_path=debug_buffer("mlp_portable"))
+    assert ins.get_exported_program("aux") is aux
+    df = ins.calculate_numeric_gap("MSE", reference_graph="edge_after_transform")
+    assert df.attrs["reference_graph"] == "edge_after_transform" and len(ins.find_culprits(df)) == 0
+    ref = {tuple(r["aot_debug_handle"]): r["gap"][0] for r in _reference("mlp_portable")["gaps"]["MSE"]}
+    ours = {tuple(h): g[0] for h, g in zip(df["aot_debug_handle"], df["gap"])}
+    assert set(ours) == set(ref)  # the edge graph's ops, one row per handle as in the reference's ATen table

@@ -225,6 +225,22 @@ FAULTS = [("mlp", "portable", ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias
           ("vit", "xnnpack", ["patch.weight", "qkv.weight", "fc1.weight", "fc2.weight", "head.weight"])]
 
 
+def make_extras(out: str) -> None:
+    """``mlp_extras_etrecord.bin``: the portable MLP's record with an ``edge_after_transform`` graph (a transform
+    pass given) and an extra recorded module ``aux`` (a Linear), as ``graph_map`` entries."""
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.pass_base import ExportPass
+
+    model, inputs = build("mlp")
+    edge = to_edge_transform_and_lower(torch.export.export(model, inputs), transform_passes=[ExportPass()],
+                                       generate_etrecord=True)
+    etrecord = edge.to_executorch().get_etrecord()
+    torch.manual_seed(MODELS_SEED)
+    etrecord.add_extra_export_modules({"aux": torch.export.export(nn.Linear(16, 4).eval(), inputs)})
+    etrecord.update_representative_inputs([inputs])
+    etrecord.save(os.path.join(out, "mlp_extras_etrecord.bin"))
+
+
 def make_multirun(out: str) -> None:
     """The portable MLP run three times by one loaded program, on three inputs (``mlp_portable_3runs.etdp`` +
     gzipped debug buffer; ``mlp_portable_3runs_inputs.json`` holds the inputs and the reference outputs)."""
@@ -310,7 +326,7 @@ def _version() -> str:
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
-    everything = ["mlp", "cnn", "mobilenet", "vit", "cnn_int8", "faults", "multirun"]
+    everything = ["mlp", "cnn", "mobilenet", "vit", "cnn_int8", "faults", "multirun", "extras"]
     models = sys.argv[2].split(",") if len(sys.argv) > 2 else everything
     for model_name in models:
         if model_name == "faults":
@@ -318,6 +334,9 @@ def main() -> None:
             continue
         if model_name == "multirun":
             make_multirun(out)
+            continue
+        if model_name == "extras":
+            make_extras(out)
             continue
         for backend in ("portable", "xnnpack"):
             make(model_name, backend, out)
