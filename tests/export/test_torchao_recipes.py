@@ -171,3 +171,19 @@ def test_a_fresh_runtime_process_runs_the_low_bit_program(llama, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "[]"  # neither the compiler nor torchao: the kernels live in the runtime
     assert torch.equal(torch.load(tmp_path / "y.pt"), want)
+
+
+def test_a_model_quantized_by_hand_with_torchao_is_lowered_too(llama):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    model, _ = llama
+    by_hand = copy.deepcopy(model)
+    quantize_(by_hand, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)))
+    session = _export_llama(by_hand, ExportRecipe.get_recipe(PortableRecipeType.FP32))
+    ops = [str(n.target) for n in session.get_edge_program_manager().exported_program("decode").graph.nodes]
+    assert ops.count("edgetorch.linear_q4.default") == 15 and "torchao.dequantize_affine.default" not in ops
+    prompt = example_prompt(model.config, 7)
+    by_hand.reset_cache()
+    want = greedy_generate_with_logits(by_hand.prefill, by_hand.decode, prompt, 8)
+    assert _rel_err(_generate(session.get_pte_buffer(), prompt), want) <= REL_TOL

@@ -171,9 +171,19 @@ def _drop_unused_attributes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+def _has_tensor_subclass_weights(data: Any) -> bool:
+    """Whether some module holds a tensor-subclass parameter (a model quantized by hand with torchao's
+    ``quantize_``); cheap: torchao is not imported for plain modules."""
+    if not isinstance(data, dict):
+        return False
+    return any(type(p) not in (torch.nn.Parameter, torch.Tensor)
+               for m in data.values() if isinstance(m, torch.nn.Module) for p in m.parameters())
+
+
 class SourceTransformStage(Stage):
     """Applies the recipe's torchao ``quantize_`` configs to (copies of) the eager modules, then swaps the
-    quantized Linear/Embedding modules for packed low-bit ones (``edgetorch.export.lowbit``); no-op without any."""
+    quantized Linear/Embedding modules for packed low-bit ones (``edgetorch.export.lowbit``). A model quantized
+    by hand with torchao is lowered the same way; a plain model without configs passes through."""
 
     def __init__(self, quantization_recipe: QuantizationRecipe | None = None, in_place: bool = False) -> None:
         super().__init__()
@@ -186,7 +196,7 @@ class SourceTransformStage(Stage):
 
     def run(self, artifact: PipelineArtifact) -> None:
         configs = self._recipe.ao_quantization_configs if self._recipe else None
-        if not configs:
+        if not configs and not _has_tensor_subclass_weights(artifact.data):
             self._artifact = artifact
             return
         from torchao.quantization import quantize_
@@ -202,7 +212,7 @@ class SourceTransformStage(Stage):
                 out[method] = done[id(model)]
                 continue
             m = model if self._in_place else copy.deepcopy(model)
-            for cfg in configs:
+            for cfg in configs or ():
                 if cfg.filter_fn is None:
                     quantize_(m, cfg.ao_base_config)
                 else:
