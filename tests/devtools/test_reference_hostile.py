@@ -206,3 +206,32 @@ def test_truncated_etrecord():
     for cut in (10, len(data) // 3, len(data) - 30):
         with pytest.raises(ETRecordFormatError):
             parse_etrecord(data[:cut])
+
+
+def test_random_mutations_of_every_reference_etdump():
+    """Seeded random mutations (1-8 bytes overwritten, truncations, duplicated tails) of every committed reference
+    ETDump: decoding raises ETDumpFormatError or succeeds; nothing else escapes."""
+    import random
+
+    rng = random.Random(26)
+    files = sorted(DATA.glob("*.etdp"))
+    assert len(files) >= 10
+    outcomes = {"ok": 0, "format": 0}
+    for f in files:
+        data = f.read_bytes()
+        for _ in range(150):
+            bad = bytearray(data)
+            kind = rng.random()
+            if kind < 0.7:
+                for _ in range(rng.randint(1, 8)):
+                    bad[rng.randrange(len(bad))] = rng.randrange(256)
+            elif kind < 0.85:
+                bad = bad[:rng.randrange(len(bad))]
+            else:
+                bad += bad[rng.randrange(len(bad)):]
+            try:
+                read_any_etdump(bytes(bad))
+                outcomes["ok"] += 1
+            except ETDumpFormatError:
+                outcomes["format"] += 1
+    assert outcomes["format"] > 500 and outcomes["ok"] > 100, outcomes
