@@ -8,6 +8,7 @@ never imports them."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ from torch.export import ExportedProgram
 from edgetorch import _hooks
 from edgetorch._fileio import atomic_write
 from edgetorch.errors import EdgeTorchError, ETRecordError, ExportError
+from edgetorch.exir.clone import sync_signature_names
 from edgetorch.exir.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgetorch.exir.debug_handles import assign_debug_handles, fill_missing_debug_handles
 from edgetorch.exir.emit import ConstantPool, DelegatePool, EmittedMethod, emit_method
@@ -62,6 +64,7 @@ def _remove_asserts(ep: ExportedProgram) -> None:
 
 def _to_edge_one(aten: ExportedProgram, name: str, config: EdgeCompileConfig) -> ExportedProgram:
     t0 = time.perf_counter()
+    sync_signature_names(aten.graph_signature, aten.graph)  # a deepcopied program: `input` became `input_1`
     assign_debug_handles(aten)
     edge = aten.run_decompositions(_decomposition_table(config))
     _remove_asserts(edge)
@@ -98,6 +101,20 @@ class EdgeProgramManager:
     @property
     def methods(self) -> set[str]:
         return set(self._edge_programs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EdgeProgramManager:
+        """A deep copy whose programs' signatures name their nodes (torch's deepcopy of an ExportedProgram renames
+        a placeholder called ``input`` to ``input_1`` but not the signature)."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            setattr(new, k, copy.deepcopy(v, memo))
+        h = new.stage_history
+        extra = [] if h is None else [*h.aten.values(), *h.edge.values(), *h.graphs.values(),
+                                      *h.float_programs.values()]
+        for ep in [*new._edge_programs.values(), *new._aten_programs.values(), *extra]:
+            sync_signature_names(ep.graph_signature, ep.graph)
+        return new
 
     def exported_program(self, method_name: str = "forward") -> ExportedProgram:
         try:
@@ -157,18 +174,21 @@ def to_edge(programs: ProgramsArg, constant_methods: dict | None = None,
     history = None
     if generate_etrecord:  # the record and the .pte start from the buffers as they are now, whatever runs later
         memo: dict[int, torch.Tensor] = {}
-        edge = {name: own_buffers(ep, memo) for name, ep in edge.items()}
-        history = StageHistory({n: own_buffers(ep, memo) for n, ep in aten.items()}, dict(edge), {}, floats)
+        mutated = {t for ep in edge.values() for t in ep.graph_signature.buffers_to_mutate.values()}
+        edge = {name: own_buffers(ep, memo, mutated) for name, ep in edge.items()}
+        history = StageHistory({n: own_buffers(ep, memo, mutated) for n, ep in aten.items()}, dict(edge), {}, floats)
     return EdgeProgramManager(edge, aten, config, history)
 
 
-def own_buffers(ep: ExportedProgram, memo: dict[int, torch.Tensor]) -> ExportedProgram:
-    """``ep`` with its buffers (KV caches and other state a run may update in place) copied: a program whose
-    buffers are the eager module's own tensors would otherwise see every later eager call. ``memo`` (id of the
-    original -> its copy) keeps tensors shared between programs shared. Returns ``ep`` when it has no buffer."""
+def own_buffers(ep: ExportedProgram, memo: dict[int, torch.Tensor], mutated: set[str]) -> ExportedProgram:
+    """``ep`` with its buffers named in ``mutated`` (KV caches and other state a run updates in place) copied: a
+    program whose buffers are the eager module's own tensors would otherwise see every later eager call. ``memo``
+    (id of the original -> its copy) keeps tensors shared between programs shared. Returns ``ep`` when it has
+    none of them."""
     from torch.export.graph_signature import InputKind
 
-    targets = [s.target for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER and s.target]
+    targets = [s.target for s in ep.graph_signature.input_specs
+               if s.kind == InputKind.BUFFER and s.target and s.target in mutated]
     if not targets:
         return ep
 
@@ -238,7 +258,9 @@ class ExecutorchProgramManager:
         delegates = DelegatePool(layout)
         self._emitted: dict[str, EmittedMethod] = {}
         for name in sorted(edge.methods):
-            self._emitted[name] = emit_method(edge.exported_program(name), name, consts, delegates,
+            ep = edge.exported_program(name)
+            sync_signature_names(ep.graph_signature, ep.graph)
+            self._emitted[name] = emit_method(ep, name, consts, delegates,
                                               config.alignment, config.emit_stacktrace)
         self._program = pf.ProgramDef([m.plan for m in self._emitted.values()], consts.ranges(), delegates.ranges())
         self._layout = layout

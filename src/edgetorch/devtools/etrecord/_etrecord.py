@@ -17,6 +17,7 @@ from edgetorch.devtools.etrecord import _executorch
 from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_program, reference_from_program
 from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
 from edgetorch.errors import ETRecordError, MethodNotFoundError
+from edgetorch.exir.clone import sync_signature_names
 from edgetorch.formats.handles import (
     DELEGATE_CALL,
     IN_DELEGATE,
@@ -36,7 +37,15 @@ def _detach(tree: Any) -> Any:
 
 
 def _edge_dict(program: Any, what: str) -> dict[str, ExportedProgram]:
-    """EdgeProgramManager / ExportedProgram / {method: ExportedProgram} -> {method: ExportedProgram}."""
+    """EdgeProgramManager / ExportedProgram / {method: ExportedProgram} -> {method: ExportedProgram}, each
+    signature naming its graph's nodes (see ``exir.clone.sync_signature_names``)."""
+    out = _edge_dict_of(program, what)
+    for ep in out.values():
+        sync_signature_names(ep.graph_signature, ep.graph)
+    return out
+
+
+def _edge_dict_of(program: Any, what: str) -> dict[str, ExportedProgram]:
     if isinstance(program, ExportedProgram):
         return {"forward": program}
     if isinstance(program, dict):
