@@ -128,3 +128,16 @@ def test_prefill_dequantization_is_the_weights_in_bf16():
     scales = torch.rand(64, 4, generator=g)
     want = (q.float().view(64, 4, 32) * scales.to(torch.bfloat16).float().unsqueeze(-1)).view(64, 128)
     assert torch.equal(lowbit._dequant_bf16(lowbit.pack_int4(q), scales, 32), want.to(torch.bfloat16))
+
+
+def test_a_wide_prefill_in_row_chunks_matches_the_whole_weight(monkeypatch):
+    g = torch.Generator().manual_seed(6)
+    weight = lowbit.pack_int4(torch.randint(-8, 8, (1024, 64), generator=g, dtype=torch.int8))
+    scales = torch.rand(1024, 2, generator=g) * 0.1
+    xb = torch.randn(40, 64, generator=g).to(torch.bfloat16)
+    whole = lowbit._dequant_mm(xb, weight, scales, 32)
+    monkeypatch.setattr(lowbit, "_CHUNKED_ABOVE", 256)
+    monkeypatch.setattr(lowbit, "_DEQUANT_ROWS", 192)  # a last chunk shorter than the others
+    chunked = lowbit._dequant_mm(xb, weight, scales, 32)
+    assert chunked.shape == whole.shape == (40, 1024)
+    torch.testing.assert_close(chunked.float(), whole.float(), rtol=1e-2, atol=1e-2)

@@ -160,6 +160,23 @@ def _dequant_bf16(weight: torch.Tensor, scales: torch.Tensor, group_size: int) -
     return w.view(n, k)
 
 
+#: output rows above which a prefill dequantizes and multiplies ``_DEQUANT_ROWS`` rows at a time (the bf16 copy
+#: of an LM head, 32000 x 768, is 47 MiB: in pieces it stays in cache; measured 1.5-2x faster on llama_100m's)
+_CHUNKED_ABOVE, _DEQUANT_ROWS = 4096, 512
+
+
+def _dequant_mm(xb: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    n = weight.shape[0]
+    if n <= _CHUNKED_ABOVE:
+        return torch.mm(xb, _dequant_bf16(weight, scales, group_size).t())
+    y_t = torch.empty(n, xb.shape[0], dtype=_BF16)
+    x_t = xb.t()
+    for r in range(0, n, _DEQUANT_ROWS):
+        torch.mm(_dequant_bf16(weight[r:r + _DEQUANT_ROWS], scales[r:r + _DEQUANT_ROWS], group_size), x_t,
+                 out=y_t[r:r + _DEQUANT_ROWS])
+    return y_t.t()
+
+
 def _prepare(x: torch.Tensor, k: int, act_quant: bool) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """The bf16 GEMM operand and the per-token scale to apply after the GEMM (8da4w: the operand is the exact
     integer ``q - zero_point``, which bf16 holds exactly, so only the weights' side is rounded)."""
@@ -193,7 +210,7 @@ def _q4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch
         packed, sz, g = _cpu_int4(weight, scales, group_size)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, g, sz)
     else:
-        y = torch.mm(xb, _dequant_bf16(weight, scales, group_size).t())
+        y = _dequant_mm(xb, weight, scales, group_size)
     return _finish(y, x, token_scale, bias, out)
 
 
