@@ -243,3 +243,25 @@ def test_graph_map_entries():
     ref = {tuple(r["aot_debug_handle"]): r["gap"][0] for r in _reference("mlp_portable")["gaps"]["MSE"]}
     ours = {tuple(h): g[0] for h, g in zip(df["aot_debug_handle"], df["gap"])}
     assert set(ours) == set(ref)  # the edge graph's ops, one row per handle as in the reference's ATen table
+
+
+def test_two_methods_in_one_reference_etdump():
+    """The reference's runs do not name their method: each is matched to the ETRecord method whose instructions
+    and kernels it ran; both get gap tables (``head`` against its edge program: the reference records the ATen
+    program of ``forward`` only), equal for ``forward`` to the reference Inspector's, no culprit, and each
+    block's program output is what the reference runtime returned for that method."""
+    rec = parse_etrecord(DATA / "mm_portable_etrecord.bin")
+    io = json.loads((DATA / "mm_portable_io.json").read_text())
+    rec.update_representative_inputs({"head": [(torch.tensor(io["head_input"]),)]})
+    ins = Inspector(etdump_path=DATA / "mm_portable.etdp", etrecord=rec,
+                    debug_buffer_path=unpack(DATA / "mm_portable_debug.bin.gz"))
+    assert sorted(ins.methods) == ["forward", "head"]
+    single = {tuple(r["aot_debug_handle"]): r["gap"][0] for r in _reference("mlp_portable")["gaps"]["MSE"]}
+    for m in ("forward", "head"):
+        df = ins.calculate_numeric_gap("MSE", method=m)
+        assert len(df) == (5 if m == "forward" else 2) and len(ins.find_culprits(df)) == 0
+        if m == "forward":
+            assert {tuple(h): g[0] for h, g in zip(df["aot_debug_handle"], df["gap"])} == pytest.approx(single,
+                                                                                                     rel=1e-6)
+        (block,) = [b for b in ins.event_blocks if b.method == m and b.name == "Execute"]
+        torch.testing.assert_close(block.run_output[0], torch.tensor(io["outputs"][m]))

@@ -241,6 +241,36 @@ def make_extras(out: str) -> None:
     etrecord.save(os.path.join(out, "mlp_extras_etrecord.bin"))
 
 
+def make_multimethod(out: str) -> None:
+    """``mm_portable``: one program with methods ``forward`` (the MLP) and ``head`` (a Linear + tanh), each run
+    once by the reference runtime into one ETDump (whose runs do not name their method); the ETRecord holds both
+    edge programs, representative inputs of ``forward``."""
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model, (x,) = build("mlp")
+    torch.manual_seed(MODELS_SEED + 1)
+    head = nn.Sequential(nn.Linear(16, 8), nn.Tanh()).eval()
+    y = torch.randn(3, 16)
+    programs = {"forward": torch.export.export(model, (x,)), "head": torch.export.export(head, (y,))}
+    et = to_edge_transform_and_lower(programs, generate_etrecord=True).to_executorch()
+    pte = os.path.join(out, "mm_portable.pte")
+    with open(pte, "wb") as f:
+        f.write(et.buffer)
+    etrecord = et.get_etrecord()
+    etrecord.update_representative_inputs([(x,)])
+    etrecord.save(os.path.join(out, "mm_portable_etrecord.bin"))
+    program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=64 << 10)
+    outs = {"head": program.load_method("head").execute([y])[0].tolist(),
+            "forward": program.load_method("forward").execute([x])[0].tolist()}
+    stem = os.path.join(out, "mm_portable")
+    program.write_etdump_result_to_file(stem + ".etdp", stem + "_debug.bin")
+    gzip_file(stem + "_debug.bin")
+    os.remove(pte)
+    with open(stem + "_io.json", "w") as f:
+        json.dump({"head_input": y.tolist(), "outputs": outs}, f)
+
+
 def make_multirun(out: str) -> None:
     """The portable MLP run three times by one loaded program, on three inputs (``mlp_portable_3runs.etdp`` +
     gzipped debug buffer; ``mlp_portable_3runs_inputs.json`` holds the inputs and the reference outputs)."""
@@ -326,7 +356,8 @@ def _version() -> str:
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
-    everything = ["mlp", "cnn", "mobilenet", "vit", "cnn_int8", "faults", "multirun", "extras"]
+    everything = ["mlp", "cnn", "mobilenet", "vit", "cnn_int8", "faults", "multirun", "extras",
+                  "multimethod"]
     models = sys.argv[2].split(",") if len(sys.argv) > 2 else everything
     for model_name in models:
         if model_name == "faults":
@@ -337,6 +368,9 @@ def main() -> None:
             continue
         if model_name == "extras":
             make_extras(out)
+            continue
+        if model_name == "multimethod":
+            make_multimethod(out)
             continue
         for backend in ("portable", "xnnpack"):
             make(model_name, backend, out)

@@ -36,6 +36,7 @@ from edgetorch.devtools.inspector.numeric_gap import (
     reference_handles,
     runtime_entries,
 )
+from edgetorch.devtools.inspector.reference_runs import fit_reference_etdump
 from edgetorch.errors import ArtifactMismatchError, InspectorError, ObserverEffectWarning
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import read_any_etdump
@@ -88,7 +89,7 @@ class Inspector:
             log.warning("the ETDump logged intermediate tensors but no debug_buffer_path was given: "
                         "debug_data will hold None and calculate_numeric_gap is unavailable")
         self._etrecord = self._load_etrecord(etrecord)
-        _trim_reference_delegate_inputs(self._etdump, self._etrecord)
+        fit_reference_etdump(self._etdump, self._etrecord)  # a reference ETDump: methods named, delegate inputs cut
         self._check_hashes()
         self.source_time_scale = source_time_scale
         self.target_time_scale = target_time_scale
@@ -492,17 +493,6 @@ def _partial_kernels(groups: Any) -> set[HandleGroup]:
     calls = [g for g in gs if g.kind == DELEGATE_CALL]
     return {g for g in gs if g.kind == KERNEL and any(c.instruction_id > g.instruction_id
                                                       and set(g.handles) & set(c.handles) for c in calls)}
-
-
-def _trim_reference_delegate_inputs(etdump: ed.ETDump, etrecord: Any) -> None:
-    """A reference ETDump logs a delegate call's inputs before its outputs: keep the outputs, whose number the
-    reference's ETRecord records (``formats.etdump_executorch.trim_delegate_call_inputs``)."""
-    outs = getattr(etrecord, "num_outputs", None)
-    if etdump.producer == "executorch" and outs:
-        from edgetorch.formats.etdump_executorch import trim_delegate_call_inputs
-
-        for method, per_instruction in outs.items():
-            trim_delegate_call_inputs(etdump, per_instruction, method)
 
 
 def _check_callables(**functions: Any) -> None:
