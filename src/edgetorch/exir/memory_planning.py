@@ -15,6 +15,7 @@ import numpy as np
 from edgetorch.errors import MemoryPlanError
 from edgetorch.formats import program as pf
 from edgetorch.formats.alignment import align
+from edgetorch.formats.plan_check import find_overlap, live_ranges  # noqa: F401 - live_ranges: callers' API
 
 
 @dataclass
@@ -111,70 +112,20 @@ def plan_memory(buffers: list[Buffer], alignment: int = 64) -> MemoryPlan:
     return MemoryPlan(offsets, align(total, alignment), peak, name)
 
 
-def live_ranges(plan: pf.PlanDef) -> dict[int, tuple[int, int]]:
-    """Each planned value's [first, last] instruction, derived from the emitted instructions alone.
-
-    A view's output is an alias of the root of its first tensor argument; a use of an alias is a use of its
-    root. Inputs are live from -1, outputs until the end of the method. Independent of the emitter's own
-    lifetime bookkeeping, so it can check it.
-    """
-    planned = {i for i, v in enumerate(plan.values)
-               if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED}
-    root: dict[int, int] = {}
-    live: dict[int, list[int]] = {}
-
-    def touch(vid: int, at: int) -> None:
-        r = root.get(vid, vid)
-        if r in planned:
-            span = live.setdefault(r, [at, at])
-            span[0], span[1] = min(span[0], at), max(span[1], at)
-
-    for vid in plan.inputs:
-        touch(vid, -1)
-    for at, ins in enumerate(plan.instructions):
-        call = ins.call
-        args = [t for a in call.args for t in _tensor_ids(plan.values, a)]
-        if isinstance(call, pf.KernelCallDef) and call.kind == pf.CALL_VIEW and args:
-            for o in call.outputs:
-                root[o] = root.get(args[0], args[0])
-        for vid in args + list(call.outputs):
-            touch(vid, at)
-    for vid in plan.outputs:
-        touch(vid, len(plan.instructions))
-    return {k: (a, b) for k, (a, b) in live.items()}
-
-
-def _tensor_ids(values: list, vid: int) -> list[int]:
-    v = values[vid] if 0 <= vid < len(values) else None
-    if isinstance(v, pf.TensorDef):
-        return [vid]
-    if isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)):
-        return [i for i in v.items if i >= 0]
-    return []
-
-
 def verify_memory_plan(plan: pf.PlanDef) -> None:
     """Refuses a plan in which two planned tensors live at the same instruction and share arena bytes, or one
-    lies outside the arena. Raises ``MemoryPlanError`` naming both values and the instructions involved."""
-    spans = live_ranges(plan)
-    keys = sorted(k for k in spans if plan.values[k].nbytes > 0)
-    if not keys:
-        return
-    offs = np.array([plan.values[k].arena_offset for k in keys], dtype=np.int64)
-    ends = offs + np.array([plan.values[k].nbytes for k in keys], dtype=np.int64)
-    firsts = np.array([spans[k][0] for k in keys], dtype=np.int64)
-    lasts = np.array([spans[k][1] for k in keys], dtype=np.int64)
-    bad = np.nonzero((offs < 0) | (ends > plan.arena_size))[0]
-    if bad.size:
-        k = keys[int(bad[0])]
-        raise MemoryPlanError(f"method '{plan.name}': value {k} occupies arena bytes [{offs[bad[0]]}, "
-                              f"{ends[bad[0]]}) outside the {plan.arena_size}-byte arena")
-    for i in range(len(keys)):
-        clash = (firsts <= lasts[i]) & (lasts >= firsts[i]) & (offs < ends[i]) & (ends > offs[i])
-        clash[: i + 1] = False
-        if clash.any():
-            j = int(np.nonzero(clash)[0][0])
-            raise MemoryPlanError(
-                f"method '{plan.name}': values {keys[i]} (bytes [{offs[i]}, {ends[i]}), live at instructions "
-                f"{firsts[i]}..{lasts[i]}) and {keys[j]} (bytes [{offs[j]}, {ends[j]}), live at {firsts[j]}.."
-                f"{lasts[j]}) share arena bytes while both are live")
+    lies outside the arena. Raises ``MemoryPlanError`` naming both values and the instructions involved. The
+    lifetimes and the overlap test are ``formats.plan_check``'s, which the loader runs again on every file."""
+    for k, v in enumerate(plan.values):
+        if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED and v.nbytes > 0 and (
+                v.arena_offset < 0 or v.arena_offset + v.nbytes > plan.arena_size):
+            raise MemoryPlanError(f"method '{plan.name}': value {k} occupies arena bytes [{v.arena_offset}, "
+                                  f"{v.arena_offset + v.nbytes}) outside the {plan.arena_size}-byte arena")
+    clash = find_overlap(plan)
+    if clash is not None:
+        a, b, (fa, la), (fb, lb) = clash
+        va, vb = plan.values[a], plan.values[b]
+        raise MemoryPlanError(
+            f"method '{plan.name}': values {a} (bytes [{va.arena_offset}, {va.arena_offset + va.nbytes}), live at "
+            f"instructions {fa}..{la}) and {b} (bytes [{vb.arena_offset}, {vb.arena_offset + vb.nbytes}), live at "
+            f"{fb}..{lb}) share arena bytes while both are live")

@@ -12,6 +12,18 @@ from edgetorch.formats import program as pf
 from edgetorch.runtime import ops as _ops
 from edgetorch.runtime._shapes import resolve
 
+_KIND_CHECKED: dict[tuple[Any, int], str | None] = {}
+
+
+def _kind_check(op: Any, kind: int) -> str | None:
+    key = (op, kind)
+    if key not in _KIND_CHECKED:
+        why = _ops.check_call_kind(op, kind)
+        if len(_KIND_CHECKED) > 4096:
+            return why
+        _KIND_CHECKED[key] = why
+    return _KIND_CHECKED[key]
+
 
 def check_operators(plan: pf.PlanDef) -> dict[int, torch._ops.OpOverload]:
     """Resolves the operator of every kernel instruction through the allow-list and checks that its schema fits
@@ -31,7 +43,7 @@ def check_operators(plan: pf.PlanDef) -> dict[int, torch._ops.OpOverload]:
             except OperatorNotAllowedError as e:
                 raise OperatorNotAllowedError(f"{where}: {e.message}", field=f"{plan.name}.operators[{c.op_index}]"
                                               ) from None
-        why = _ops.check_call_kind(op, c.kind)
+        why = _kind_check(op, c.kind)
         if why is not None:
             raise OperatorNotAllowedError(f"{where} as a {pf.CALL_KIND_NAMES.get(c.kind, '?')} call, but {why}",
                                           field=f"{plan.name}.instructions[{k}].kind")
@@ -124,3 +136,39 @@ def check_kernel(method: str, k: int, ins: pf.InstructionDef, op: Any, pos: list
     if why is not None:
         raise ProgramFormatError(f"method '{method}': instruction {k} ({ins.node_name}, {op}): {why} (the file is "
                                  "inconsistent: corrupted or edited?)", field=f"{method}.instructions[{k}].args")
+
+
+# -- the first run: every kernel writes its planned slot, and only that ----------------------------------------
+# Each non-view instruction's output tensors are planned slots (arena views, already shaped for this run). A kernel
+# that computes another shape resizes its output: torch gives it fresh storage outside the arena (and a later
+# kernel may resize it back, which the final-shape check alone would not see). On a method's first run (and on
+# the first run of each new binding of a dynamic method's symbols) every instruction's outputs are compared, right
+# after it ran, with what they were before: shape, strides and address.
+
+def _state(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.data_ptr()
+
+
+def _checked(method: str, k: int, ins: pf.InstructionDef, call: Any, outs: list[torch.Tensor]) -> Any:
+    def run() -> None:
+        before = [_state(t) for t in outs]
+        call()
+        for j, (t, b) in enumerate(zip(outs, before)):
+            now = _state(t)
+            if now != b:
+                raise ProgramFormatError(
+                    f"method '{method}': instruction {k} ({ins.node_name}) wrote output {j} with shape "
+                    f"{list(now[0])} (strides {list(now[1])}) where the program plans {list(b[0])} (strides "
+                    f"{list(b[1])}){'' if now[2] == b[2] else ', moving it out of its arena slot'} (the file is "
+                    "inconsistent: corrupted or edited?)", field=f"{method}.instructions[{k}].outputs")
+    return run
+
+
+def first_run_calls(method: str, plan: pf.PlanDef, slots: list, fast: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """``fast`` (the run loop's ``(instruction, call)`` list) with every call checking its outputs after it ran."""
+    out = []
+    for k, call in fast:
+        ins = plan.instructions[k]
+        outs = [slots[o] for o in ins.call.outputs if isinstance(slots[o], torch.Tensor)]
+        out.append((k, _checked(method, k, ins, call, outs)))
+    return out

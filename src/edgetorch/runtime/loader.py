@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgetorch.errors import ProgramFormatError, artifact_io_error
+from edgetorch.formats import plan_check
 from edgetorch.formats import program as pf
 
 
@@ -99,6 +100,8 @@ def parse(buffer: Any, path: str | None, consistency: bool, full: bool = False) 
         program = pf.decode_flatbuffer(fbuf)
         if consistency:
             pf.check_consistency(program, header.segment_size)
+            for plan in program.plans:  # re-prove what the compiler proved: def-use, no live overlap, I/O
+                plan_check.check_plan(plan)
     except ProgramFormatError as e:
         if e.path is None and path is not None:
             raise ProgramFormatError(e.message if e.message.startswith(label) else e.message, field=e.field,

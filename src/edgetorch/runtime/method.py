@@ -39,11 +39,12 @@ import torch
 import torch.utils._pytree as pytree
 
 from edgetorch.errors import DebugBufferOverflowError, KernelError, ProgramFormatError, RuntimeInputError
+from edgetorch.formats import plan_check
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
 from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
-from edgetorch.runtime._load_checks import check_kernel, check_operators
+from edgetorch.runtime._load_checks import check_kernel, check_operators, first_run_calls
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
 from edgetorch.runtime.backend_registry import get_backend, observe_delegate
 from edgetorch.runtime.observer import MethodObserver
@@ -121,7 +122,9 @@ class Method:
         loaded = program._loaded
         self._lock = threading.RLock()
         self._ops = check_operators(plan)  # before anything runs (views and folded instructions run at load)
+        plan_check.check_io(plan)  # at every verification level: inputs the run loop can copy into
         self._shapes_checked = False  # the first run checks every static planned shape (see _check_planned_shapes)
+        self._runs_checked: set[tuple] = set()  # symbol bindings whose run checked each kernel's outputs
         self._arena = _allocate_arena(plan)
         self._arena_views: dict[torch.dtype, torch.Tensor] = {}
         self._slots: list[Any] = [None] * len(plan.values)
@@ -514,7 +517,17 @@ class Method:
                 self._shapes.bind(flat)
                 self._shapes.apply(self._slots, self._arena_view)
             self._check_and_copy_inputs(flat)
-            self._run(self._observer)
+            run = tuple(self._shapes.env) if self._shapes is not None else ()
+            if run in self._runs_checked:
+                self._run(self._observer)
+            else:  # a first run (of these symbol values): every kernel's outputs checked right after it ran
+                fast, self._fast = self._fast, first_run_calls(self.name, self._plan, self._slots, self._fast)
+                try:
+                    self._run(self._observer)
+                finally:
+                    self._fast = fast
+                if len(self._runs_checked) < 1024:
+                    self._runs_checked.add(run)
             if not self._shapes_checked:
                 self._check_planned_shapes()
                 self._shapes_checked = True
@@ -567,8 +580,8 @@ class Method:
                     before(k)
                 try:
                     call()
-                except DebugBufferOverflowError:
-                    raise  # the observer's own error (a delegate logging more than the buffer holds)
+                except (DebugBufferOverflowError, ProgramFormatError):
+                    raise  # the observer's own error (a delegate logging more than the buffer holds), a first-run check
                 except Exception as e:
                     raise self._instruction_error(k, e) from e
                 if after is not None:
