@@ -16,6 +16,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -114,6 +115,23 @@ def measure(model, paths: dict[str, str], prompt_len: int, runs: int, n_threads:
     return {k: {"decode_ms": 1000 * decode_s[k], "prefill_ms": 1000 * prefill_s[k]} for k in decode_s}
 
 
+def reference_times(args: argparse.Namespace, n_threads: int) -> dict[str, float]:
+    """The reference program's decode / prefill medians from a child in the reference's environment."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_lowbit.py")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    res = subprocess.run([args.reference_python, script, "time", "--model", args.model, "--pte", args.reference_pte,
+                          "--threads", str(n_threads), "--prompt", str(args.prompt), "--runs", str(args.runs)],
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": src})
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _print(n: int, name: str, v: dict, base: dict, prompt: int) -> None:
+    dec, pre = v["decode_ms"], v["prefill_ms"]
+    print(f"threads={n} {name:10s} decode {dec:7.2f} ms/token ({dec / base['decode_ms']:.2f}x eager) prefill "
+          f"{prompt} {pre:7.1f} ms ({pre / base['prefill_ms']:.2f}x eager)  load {os.getloadavg()[0]:.1f}",
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama_100m")
@@ -121,6 +139,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--out", default="/tmp/edgetorch-lowbit")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--reference-python", default=None,
+                    help="python of an environment with executorch 1.5.1: time --reference-pte (made by "
+                         "bench/reference_lowbit.py export) in a child before and after each thread count")
+    ap.add_argument("--reference-pte", default=None)
     ap.add_argument("--reuse", action="store_true", help="keep the programs already in --out (the kernels run "
                                                           "at load: a runtime change needs no re-export)")
     args = ap.parse_args()
@@ -134,14 +156,16 @@ def main() -> None:
     for k in paths:
         print(f"  {k}: program {sizes[k]:.1f} MiB, resident while decoding {rss[k]:.1f} MiB "
               f"({rss[k] / sizes[k]:.2f}x the program)", flush=True)
+    if args.reference_pte:
+        print(f"  reference XNNPACK 8da4w: program {os.path.getsize(args.reference_pte) / 2**20:.1f} MiB", flush=True)
     for n in (int(t) for t in args.threads.split(",")):
+        refs = [reference_times(args, n)] if args.reference_python else []
         res = measure(model, paths, args.prompt, args.runs, n)
-        base = res["eager_fp32"]
+        if args.reference_python:
+            refs.append(reference_times(args, n))
+            res["reference"] = {k: statistics.median(r[k] for r in refs) for k in ("decode_ms", "prefill_ms")}
         for k, v in res.items():
-            dec, pre = v["decode_ms"], v["prefill_ms"]
-            print(f"threads={n} {k:10s} decode {dec:7.2f} ms/token ({dec / base['decode_ms']:.2f}x eager) prefill "
-                  f"{args.prompt} {pre:7.1f} ms ({pre / base['prefill_ms']:.2f}x eager)  load "
-                  f"{os.getloadavg()[0]:.1f}", flush=True)
+            _print(n, k, v, res["eager_fp32"], args.prompt)
 
 
 if __name__ == "__main__":
