@@ -36,43 +36,66 @@ def tensor_ids(values: list, vid: int) -> list[int]:
     return []
 
 
+def _tensor_args(plan: pf.PlanDef) -> list[list[int]]:
+    """Per instruction, the tensor values its arguments name (tensor lists expanded), computed once."""
+    values = plan.values
+    expand: list[tuple[int, ...]] = []
+    for vid, v in enumerate(values):
+        if isinstance(v, pf.TensorDef):
+            expand.append((vid,))
+        elif isinstance(v, (pf.TensorListV, pf.OptionalTensorListV)):
+            expand.append(tuple(i for i in v.items if i >= 0))
+        else:
+            expand.append(())
+    n = len(values)
+    return [[t for a in ins.call.args if 0 <= a < n for t in expand[a]] for ins in plan.instructions]
+
+
 def _is_view(call: object) -> bool:
     return isinstance(call, pf.KernelCallDef) and call.kind == pf.CALL_VIEW
 
 
-def live_ranges(plan: pf.PlanDef) -> dict[int, tuple[int, int]]:
-    """Each planned value's [first, last] instruction, derived from the emitted instructions alone."""
-    planned = {i for i, v in enumerate(plan.values)
-               if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED}
+def live_ranges(plan: pf.PlanDef, targs: list[list[int]] | None = None) -> dict[int, tuple[int, int]]:
+    """Each planned value's [first, last] instruction, derived from the emitted instructions alone (``targs``:
+    ``_tensor_args(plan)``, when the caller has it)."""
+    values = plan.values
+    targs = _tensor_args(plan) if targs is None else targs
+    planned = {i for i, v in enumerate(values) if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED}
     root: dict[int, int] = {}
-    live: dict[int, list[int]] = {}
-
-    def touch(vid: int, at: int) -> None:
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for vid in plan.inputs:
+        if vid in planned:
+            first.setdefault(vid, -1)
+            last[vid] = -1
+    for at, ins in enumerate(plan.instructions):  # instruction order: first seen is first, last seen is last
+        call = ins.call
+        args = targs[at]
+        if args and _is_view(call):
+            r0 = root.get(args[0], args[0])
+            for o in call.outputs:
+                root[o] = r0
+        for vid in (*args, *call.outputs):
+            r = root.get(vid, vid)
+            if r in planned:
+                if r not in first:
+                    first[r] = at
+                last[r] = at
+    end = len(plan.instructions)
+    for vid in plan.outputs:
         r = root.get(vid, vid)
         if r in planned:
-            span = live.setdefault(r, [at, at])
-            span[0], span[1] = min(span[0], at), max(span[1], at)
-
-    for vid in plan.inputs:
-        touch(vid, -1)
-    for at, ins in enumerate(plan.instructions):
-        call = ins.call
-        args = [t for a in call.args for t in tensor_ids(plan.values, a)]
-        if _is_view(call) and args:
-            for o in call.outputs:
-                root[o] = root.get(args[0], args[0])
-        for vid in args + list(call.outputs):
-            touch(vid, at)
-    for vid in plan.outputs:
-        touch(vid, len(plan.instructions))
-    return {k: (a, b) for k, (a, b) in live.items()}
+            first.setdefault(r, end)
+            last[r] = end
+    return {k: (first[k], last[k]) for k in first}
 
 
-def find_overlap(plan: pf.PlanDef) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
+def find_overlap(plan: pf.PlanDef, targs: list[list[int]] | None = None
+                 ) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
     """Two planned values (``a``, ``b``, their live ranges) live at one instruction that share arena bytes, or
     None. A sweep over the instructions keeps the live values ordered by arena offset (pairwise disjoint, or the
     plan is refused), so a new value need only be compared with its neighbours: O(n log n)."""
-    spans = live_ranges(plan)
+    spans = live_ranges(plan, targs)
     order = sorted((s[0], k) for k, s in spans.items() if plan.values[k].nbytes > 0)
     active: list[tuple[int, int, int]] = []  # (arena offset, end, value), sorted by offset
     for first, k in order:
@@ -113,10 +136,10 @@ def check_io(plan: pf.PlanDef) -> None:
                   f"mutable_buffers[{j}].name")
 
 
-def _reads(plan: pf.PlanDef) -> Iterator[tuple[int, list[int], list[int], bool]]:
+def _reads(plan: pf.PlanDef, targs: list[list[int]]) -> Iterator[tuple[int, list[int], list[int], bool]]:
     for k, ins in enumerate(plan.instructions):
         c = ins.call
-        yield k, [t for a in c.args for t in tensor_ids(plan.values, a)], list(c.outputs), _is_view(c)
+        yield k, targs[k], c.outputs, _is_view(c)
 
 
 def check_plan(plan: pf.PlanDef) -> None:
@@ -124,12 +147,13 @@ def check_plan(plan: pf.PlanDef) -> None:
     the instruction at fault."""
     check_io(plan)
     vals = plan.values
+    targs = _tensor_args(plan)
     root: dict[int, int] = {}
     written = {vid for vid in plan.inputs}
     made: set[int] = set()  # alias values made by a view so far
-    for k, args, outs, view in _reads(plan):
+    for k, args, outs, view in _reads(plan, targs):
         for a in args:
-            _check_read(plan, a, root, written, made, f"instruction {k}", f"instructions[{k}].args")
+            _check_read(plan, a, root, written, made, k)
         for o in outs:
             v = vals[o]
             if view:
@@ -150,8 +174,8 @@ def check_plan(plan: pf.PlanDef) -> None:
                 written.add(o)
     for j, o in enumerate(plan.outputs):
         for t in tensor_ids(vals, o):
-            _check_read(plan, t, root, written, made, f"output {j}", f"outputs[{j}]")
-    clash = find_overlap(plan)
+            _check_read(plan, t, root, written, made, -1 - j)
+    clash = find_overlap(plan, targs)
     if clash is not None:
         a, b, sa, sb = clash
         va, vb = vals[a], vals[b]
@@ -160,16 +184,20 @@ def check_plan(plan: pf.PlanDef) -> None:
               f"live at {sb[0]}..{sb[1]}) share arena bytes while both are live", f"values[{b}].arena_offset")
 
 
-def _check_read(plan: pf.PlanDef, vid: int, root: dict[int, int], written: set[int], made: set[int], who: str,
-                fld: str) -> None:
+def _check_read(plan: pf.PlanDef, vid: int, root: dict[int, int], written: set[int], made: set[int], at: int) -> None:
+    """A read by instruction ``at`` (or, for ``at < 0``, by output ``-1 - at``): of an alias a view made, and of
+    bytes an instruction wrote (or an input)."""
+    r = root.get(vid, vid)
+    if r in written:
+        return
     v = plan.values[vid]
+    who, fld = (f"instruction {at}", f"instructions[{at}].args") if at >= 0 else (f"output {-1 - at}",
+                                                                               f"outputs[{-1 - at}]")
     if isinstance(v, pf.TensorDef) and v.placement in (pf.PLACEMENT_ALIAS, pf.PLACEMENT_DYNAMIC) \
             and vid not in made:
         _fail(plan, f"{who} reads value {vid}, an alias no earlier view made", fld)
-    r = root.get(vid, vid)
     rv = plan.values[r]
-    if isinstance(rv, pf.TensorDef) and rv.placement == pf.PLACEMENT_PLANNED and rv.nbytes > 0 \
-            and r not in written:
+    if isinstance(rv, pf.TensorDef) and rv.placement == pf.PLACEMENT_PLANNED and rv.nbytes > 0:
         via = f" (through the view value {vid})" if r != vid else ""
         _fail(plan, f"{who} reads planned value {r}{via} before any instruction wrote it: its arena bytes would "
               "hold whatever the memory held", fld)

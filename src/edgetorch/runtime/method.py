@@ -44,6 +44,7 @@ from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
 from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
+from edgetorch.runtime._inputs import bind_keywords, check_tensor_input
 from edgetorch.runtime._load_checks import check_kernel, check_operators, first_run_calls
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
 from edgetorch.runtime.backend_registry import get_backend, observe_delegate
@@ -455,8 +456,11 @@ class Method:
             return list(args)  # the common case, without walking the pytree
         if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs and len(args[0]) == n:
             return list(args[0])
-        if kwargs and self._kwarg_order is not None and set(kwargs) == set(self._kwarg_order):
-            kwargs = {k: kwargs[k] for k in self._kwarg_order}
+        if kwargs:
+            bound = bind_keywords(self.name, args, kwargs, self._kwarg_order, self._meta.input_names)
+            if isinstance(bound, list):
+                return bound
+            args, kwargs = bound
         flat = pytree.tree_leaves((tuple(args), dict(kwargs)), is_leaf=lambda x: x is None)
         if len(flat) != n:
             raise RuntimeInputError(
@@ -486,6 +490,7 @@ class Method:
             if not isinstance(x, torch.Tensor):
                 raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must be a tensor of "
                                         f"{info.dtype} {list(info.shape)}, got {type(x).__name__}")
+            check_tensor_input(self.name, info.name, x)
             if x.dtype != info.dtype:
                 raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must have dtype {info.dtype}, "
                                         f"got {x.dtype}")
