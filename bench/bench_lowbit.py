@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -28,6 +29,7 @@ from _common import alternate, threads  # noqa: E402
 
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export  # noqa: E402
 from edgetorch.models import get_spec  # noqa: E402
+from edgetorch.models.generation import as_logits  # noqa: E402
 from edgetorch.models.llama import example_prompt, llama_dynamic_shapes, llama_method_inputs  # noqa: E402
 from edgetorch.runtime import Runtime  # noqa: E402
 
@@ -112,24 +114,49 @@ def measure(model, paths: dict[str, str], prompt_len: int, runs: int, n_threads:
                 pre[name] = lambda p=p: p.execute(prompt, pos)
             decode_s = alternate(dec, runs)
             prefill_s = alternate(pre, max(3, runs // 3), warmup=1)
-    return {k: {"decode_ms": 1000 * decode_s[k], "prefill_ms": 1000 * prefill_s[k]} for k in decode_s}
+            logits = {}  # the decode step after the prompt (every cache holds the same state again)
+            for k in dec:
+                pre[k]()
+                logits[k] = as_logits(dec[k]())
+    res = {k: {"decode_ms": 1000 * decode_s[k], "prefill_ms": 1000 * prefill_s[k]} for k in decode_s}
+    for k in res:
+        res[k]["sqnr_db"] = sqnr_db(logits[k], logits["eager_fp32"])
+    return res
+
+
+def sqnr_db(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio of ``got`` against the float ``want``, in dB (inf: identical)."""
+    noise = float((got.float() - want.float()).pow(2).sum())
+    return float("inf") if noise == 0 else 10 * math.log10(float(want.float().pow(2).sum()) / noise)
 
 
 def reference_times(args: argparse.Namespace, n_threads: int) -> dict[str, float]:
     """The reference program's decode / prefill medians from a child in the reference's environment."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference_lowbit.py")
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    path = os.path.join(args.out, "reference_logits.pt")
     res = subprocess.run([args.reference_python, script, "time", "--model", args.model, "--pte", args.reference_pte,
-                          "--threads", str(n_threads), "--prompt", str(args.prompt), "--runs", str(args.runs)],
+                          "--threads", str(n_threads), "--prompt", str(args.prompt), "--runs", str(args.runs),
+                          "--logits", path],
                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": src})
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out["logits"] = torch.load(path)
+    return out
+
+
+def eager_logits(model: torch.nn.Module, prompt_len: int) -> torch.Tensor:
+    prompt = example_prompt(model.config, prompt_len)
+    with torch.no_grad():
+        model.reset_cache()
+        model.prefill(prompt, torch.arange(prompt_len))
+        return model.decode(prompt[:, -1:], torch.tensor([prompt_len]))
 
 
 def _print(n: int, name: str, v: dict, base: dict, prompt: int) -> None:
     dec, pre = v["decode_ms"], v["prefill_ms"]
     print(f"threads={n} {name:10s} decode {dec:7.2f} ms/token ({dec / base['decode_ms']:.2f}x eager) prefill "
-          f"{prompt} {pre:7.1f} ms ({pre / base['prefill_ms']:.2f}x eager)  load {os.getloadavg()[0]:.1f}",
-          flush=True)
+          f"{prompt} {pre:7.1f} ms ({pre / base['prefill_ms']:.2f}x eager)  logits SQNR {v['sqnr_db']:.1f} dB  "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main() -> None:
@@ -164,6 +191,7 @@ def main() -> None:
         if args.reference_python:
             refs.append(reference_times(args, n))
             res["reference"] = {k: statistics.median(r[k] for r in refs) for k in ("decode_ms", "prefill_ms")}
+            res["reference"]["sqnr_db"] = sqnr_db(refs[-1]["logits"], eager_logits(model, args.prompt))
         for k, v in res.items():
             _print(n, k, v, res["eager_fp32"], args.prompt)
 

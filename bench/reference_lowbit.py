@@ -49,7 +49,8 @@ def export_reference(out: str, model_name: str, group_size: int) -> None:
     print(json.dumps({"program_mib": os.path.getsize(out) / 2**20}))
 
 
-def time_reference(pte: str, model_name: str, threads: int, prompt_len: int, runs: int) -> None:
+def time_reference(pte: str, model_name: str, threads: int, prompt_len: int, runs: int, logits: str | None = None
+                   ) -> None:
     from executorch.extension.pybindings import portable_lib
 
     from edgetorch.models.llama import LLAMA_CONFIGS, example_prompt
@@ -76,6 +77,9 @@ def time_reference(pte: str, model_name: str, threads: int, prompt_len: int, run
 
     decode = median_ms(lambda: module.run_method("decode", (token, tpos)), runs)
     prefill = median_ms(lambda: module.run_method("prefill", (prompt, pos)), max(3, runs // 3))
+    if logits:  # the decode step's logits after the prompt, for the caller's SQNR against float
+        module.run_method("prefill", (prompt, pos))
+        torch.save(module.run_method("decode", (token, tpos))[0], logits)
     print(json.dumps({"threads": threads, "decode_ms": decode, "prefill_ms": prefill}))
 
 
@@ -89,11 +93,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--logits", default=None, help="time: save the decode logits after the prompt here")
     args = ap.parse_args()
     if args.action == "export":
         export_reference(args.out, args.model, args.group_size)
     else:
-        time_reference(args.pte, args.model, args.threads, args.prompt, args.runs)
+        time_reference(args.pte, args.model, args.threads, args.prompt, args.runs, args.logits)
 
 
 if __name__ == "__main__":
