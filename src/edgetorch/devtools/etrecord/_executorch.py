@@ -196,12 +196,42 @@ def _check_nodes(z: _Zip, entry: str, x: Any, handles: dict[str, Any], depth: in
     if not isinstance(x, dict):
         return
     if "target" in x:  # a node (no other table of the schema has a "target" field)
+        if isinstance(x["target"], str) and x["target"].removeprefix(_EDGE_OPS) in _DIM_ORDER_OPS:
+            _dim_order_to_aten(x)
         x["target"] = _target(z, entry, x["target"])
         meta = x.get("metadata")
         if isinstance(meta, dict) and isinstance(x.get("name"), str):
             handles[x["name"]] = (meta.get("debug_handle"), meta.get("from_node"))
     for v in x.values():
         _check_nodes(z, entry, v, handles, depth + 1)
+
+
+#: the reference's dim-order ops (registered by its runtime library, not by torch) and the ATen op computing the
+#: same values: their ``dim_order`` argument becomes ATen's ``memory_format``
+_DIM_ORDER_OPS = {"dim_order_ops._clone_dim_order.default": "torch.ops.aten.clone.default",
+                  "dim_order_ops._to_dim_order_copy.default": "torch.ops.aten._to_copy.default"}
+_MEMORY_FORMATS = {4: 2, 5: 3}  # rank -> torch.export's ChannelsLast / ChannelsLast3d code for a channels-last order
+_CONTIGUOUS, _PRESERVE = 1, 4
+
+
+def _dim_order_to_aten(node: dict[str, Any]) -> None:
+    """Rewrites a dim-order op node (in place) into its ATen equivalent (see ``_DIM_ORDER_OPS``)."""
+    node["target"] = _DIM_ORDER_OPS[node["target"].removeprefix(_EDGE_OPS)]
+    inputs = []
+    for a in node.get("inputs") or []:
+        if not isinstance(a, dict) or a.get("name") != "dim_order":
+            if not (node["target"].endswith("clone.default") and isinstance(a, dict)
+                    and a.get("name") == "non_blocking"):  # aten.clone has no non_blocking
+                inputs.append(a)
+            continue
+        order = a.get("arg", {}).get("as_ints") if isinstance(a.get("arg"), dict) else None
+        if not isinstance(order, list):
+            continue  # None: keep the input's layout (ATen's default)
+        n = len(order)
+        fmt = _CONTIGUOUS if order == list(range(n)) else \
+            _MEMORY_FORMATS.get(n, _PRESERVE) if order == [0, *range(2, n), 1] else _PRESERVE
+        inputs.append({"name": "memory_format", "arg": {"as_memory_format": fmt}, "kind": 2})
+    node["inputs"] = inputs
 
 
 def _target(z: _Zip, entry: str, t: Any) -> str:
@@ -358,9 +388,19 @@ def _ancestors(raw: Any, depth: int = 0) -> list[tuple[str, int]]:
     return out
 
 
-def propagate_handles(aten: Any, edge_meta: dict[str, Any], graph_id: int | None) -> int:
-    """Gives each ATen node the handle of the edge nodes descending from it (see the module docstring);
-    returns how many ATen nodes got one."""
+def _split_outputs(n: Any, edge_nodes: int) -> bool:
+    """An ATen node with several tensor outputs (``unbind``) that the edge program computes with several ops
+    (one per output): its value is not the last of those ops' value, which is what the runtime's kernels of its
+    handle leave; it gets no handle (the reference Inspector skips such rows; the gap reference is then the edge
+    program, whose last op of the handle is what ran last)."""
+    val = n.meta.get("val")
+    return isinstance(val, (list, tuple)) and len(val) > 1 and edge_nodes > 1
+
+
+def propagate_handles(aten: Any, edge_meta: dict[str, Any], graph_id: int | None,
+                      edge_nodes: dict[int, int] | None = None) -> int:
+    """Gives each ATen node the handle of the edge nodes descending from it (see the module docstring; ``edge_nodes``:
+    {handle: how many edge op nodes carry it}); returns how many ATen nodes got one."""
     from edgetorch.exir.debug_handles import set_debug_handle
 
     by_ancestor: dict[tuple[str, int], int] = {}
@@ -377,7 +417,7 @@ def propagate_handles(aten: Any, edge_meta: dict[str, Any], graph_id: int | None
         h = by_ancestor.get((n.name, graph_id)) if graph_id is not None else None
         if h is None and graph_id is None:
             h = next((v for (name, _gid), v in by_ancestor.items() if name == n.name), None)
-        if h is not None:
+        if h is not None and not _split_outputs(n, (edge_nodes or {}).get(h, 1)):
             set_debug_handle(n, h)
             n_set += 1
     return n_set
@@ -445,8 +485,9 @@ class ReferenceSource:
             with z.zf:
                 hit = build_program(z, entry, json.loads(json.dumps(self._docs[entry])))
             if role == "aten":
+                counts = {h: len(ns) for h, ns in self._tables.get("forward", {}).items()}
                 if not propagate_handles(hit, self._metas.get(self._entries["edge"].get("forward", ""), {}),
-                                         self._graph_id):
+                                         self._graph_id, counts):
                     log.warning("ExecuTorch ETRecord: no ATen node could be linked to a debug handle")
             else:
                 _stamp_edge(z, entry, hit, self._metas[entry])

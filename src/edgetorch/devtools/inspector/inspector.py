@@ -36,7 +36,7 @@ from edgetorch.devtools.inspector.numeric_gap import (
     reference_handles,
     runtime_entries,
 )
-from edgetorch.devtools.inspector.reference_runs import fit_reference_etdump
+from edgetorch.devtools.inspector.reference_runs import fit_reference_etdump, gap_groups
 from edgetorch.errors import ArtifactMismatchError, InspectorError, ObserverEffectWarning
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import read_any_etdump
@@ -169,15 +169,17 @@ class Inspector:
         for block in self.event_blocks:
             groups = {g.key: g for g in (self._etrecord.handle_groups or {}).get(block.method, [])}
             nodes = self._nodes_by_handle(block.method)
-            partial = _partial_kernels(groups.values()) if self._etrecord.producer == "executorch" else set()
+            gap = gap_groups(groups.values()) if self._etrecord.producer == "executorch" else {}
             for ev in block.events:
                 did = ev.delegate_debug_identifier if ev.is_delegated_op else None
                 g = groups.get((ev.instruction_id, did)) or (did is not None and groups.get((ev.instruction_id,
                                                                                              str(did))))
                 if g and ev.name not in FRAMEWORK_EVENTS:
                     self._link(ev, g, nodes)
-                    if ev.name == ed.OPERATOR_CALL or g in partial:  # no gap row, see _partial_kernels
+                    if ev.name == ed.OPERATOR_CALL:  # the reference's kernel scope: its kernel's event has the values
                         ev.handle_group = None
+                    elif g in gap:  # split between a delegate call and kernels (reference_runs.gap_groups)
+                        ev.handle_group = gap[g]
                 elif did is not None and (call := groups.get((ev.instruction_id, None))) is not None:
                     ev.delegate_backend_name = call.backend  # a backend's own event (no handles): its backend
 
@@ -481,18 +483,6 @@ class Inspector:
     def __repr__(self) -> str:
         return (f"Inspector(methods={self.methods}, blocks={len(self.event_blocks)}, "
                 f"etrecord={'yes' if self._etrecord is not None else 'no'})")
-
-
-def _partial_kernels(groups: Any) -> set[HandleGroup]:
-    """Kernel groups of a reference program whose op a later delegate call finishes (the reference's exporter
-    may leave part of a decomposed op, e.g. a matmul's ``expand_copy``, outside the delegate that runs the rest):
-    their value is not the op's output, so they add no gap row (the reference merges them into the call's row,
-    which the delegate call's row already is). Also the reference's ``OPERATOR_CALL`` scopes add none: their
-    kernel's ``native_call_*`` event holds the values."""
-    gs = list(groups)
-    calls = [g for g in gs if g.kind == DELEGATE_CALL]
-    return {g for g in gs if g.kind == KERNEL and any(c.instruction_id > g.instruction_id
-                                                      and set(g.handles) & set(c.handles) for c in calls)}
 
 
 def _check_callables(**functions: Any) -> None:

@@ -4,21 +4,26 @@ The reference's runtime does not name the method a run executed, and logs every 
 (inputs, then outputs). With the reference's ETRecord at hand: each run gets the method whose instructions it ran
 (``assign_methods``: the run's instruction ids and kernel names against each method's handle groups and edge ops;
 a run matching no method, or several, keeps the default ``forward``), and each delegate call keeps its outputs
-only (``formats.etdump_executorch.trim_delegate_call_inputs``, with the ETRecord's output counts).
+only (``formats.etdump_executorch.trim_delegate_call_inputs``, with the ETRecord's output counts). And
+``gap_groups`` says which handle groups a gap row may use as they are: the reference's exporter may split one
+op between a delegate call and kernels.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from edgetorch.devtools.inspector.events import FRAMEWORK_EVENTS
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import trim_delegate_call_inputs
-from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE
+from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup
 
 log = logging.getLogger(__name__)
 _KERNEL_PREFIX = "native_call_"
+#: (edge op as read, the reference's kernel running it): its dim-order ops are read as these ATen ops
+_KERNEL_ALIASES = (("clone", "_clone_dim_order"), ("_to_copy", "_to_dim_order_copy"))
 
 
 def _kernel_op(event_name: str) -> str | None:
@@ -38,8 +43,8 @@ def _method_signature(etrecord: Any, method: str) -> dict[int, set[str] | None]:
     for g in (etrecord.handle_groups or {}).get(method, []):
         if g.kind == IN_DELEGATE:
             continue
-        sig[g.instruction_id] = None if g.kind == DELEGATE_CALL else {
-            n.op.split("::")[-1] for h in g.handles for n in table.get(h, [])}
+        ops = {n.op.split("::")[-1] for h in g.handles for n in table.get(h, [])}
+        sig[g.instruction_id] = None if g.kind == DELEGATE_CALL else ops | {a for o, a in _KERNEL_ALIASES if o in ops}
     return sig
 
 
@@ -84,3 +89,26 @@ def fit_reference_etdump(etdump: ed.ETDump, etrecord: Any) -> None:
     assign_methods(etdump, etrecord)
     for method, per_instruction in (getattr(etrecord, "num_outputs", None) or {}).items():
         trim_delegate_call_inputs(etdump, per_instruction, method)
+
+
+def gap_groups(groups: Any) -> dict[HandleGroup, HandleGroup | None]:
+    """The groups of a reference program whose gap row must differ from the group, and what it uses instead
+    (None: no row). The reference's exporter may split one decomposed op between a delegate call and kernels
+    (a ``matmul``'s ``expand_copy`` left outside XNNPACK, the ``slice_copy`` of an ``unbind`` inside it and its
+    ``squeeze_copy`` ops outside); the part that runs first does not compute the op's output, so: a kernel whose
+    op a later delegate call finishes adds no row (the call's row covers the op), and a delegate call keeps in
+    its row only the handles no later instruction finishes (none left: no row). The perf tables keep every
+    handle. The reference Inspector merges such rows into one instead."""
+    gs = sorted((g for g in groups if g.kind != IN_DELEGATE), key=lambda g: g.instruction_id)
+    out: dict[HandleGroup, HandleGroup | None] = {}
+    for i, g in enumerate(gs):
+        later = [c for c in gs[i + 1:] if c.instruction_id > g.instruction_id]
+        if g.kind == KERNEL:
+            if any(c.kind == DELEGATE_CALL and set(g.handles) & set(c.handles) for c in later):
+                out[g] = None
+            continue
+        finished_later = {h for c in later for h in c.handles}
+        keep = tuple(h for h in g.handles if h not in finished_later)
+        if len(keep) != len(g.handles):
+            out[g] = replace(g, handles=keep) if keep else None
+    return out
