@@ -127,8 +127,8 @@ def test_bad_inputs_give_one_line_errors(artifacts, tmp_path):
 def test_debug_buffer_too_small_fails_the_run(artifacts, tmp_path):
     r = cli("run", "--bundled_program_path", artifacts.bpte, "--dump_intermediate_outputs", "--debug_buffer_size",
             "1K", cwd=str(tmp_path))
-    assert r.returncode == 3, r.stdout + r.stderr
-    assert r.stderr.startswith("error: method 'forward' failed: debug buffer of 1024 bytes is too small")
+    assert r.returncode == 2, r.stdout + r.stderr  # a user error, found before running (issue 23)
+    assert r.stderr.startswith("error: --debug_buffer_size 1024 is too small")
     assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "debug_output.bin")
 
 

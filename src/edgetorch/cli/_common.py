@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 EXIT_BAD_INPUT, EXIT_FAILED = 2, 3
@@ -22,7 +23,15 @@ def check_output_path(path: str, flag: str) -> None:
     """Fails early (before a long run) when ``path`` cannot be written."""
     if os.path.isdir(path):
         raise CliError(f"{flag} {path} is a directory")
-    _check_writable_ancestor(os.path.dirname(os.path.abspath(path)), path, flag, "write")
+    d = os.path.dirname(os.path.abspath(path))
+    _check_writable_ancestor(d, path, flag, "write")
+    if os.path.isdir(d):  # permissions say little (root, /proc, a read-only mount): create a file there, as the
+        try:              # atomic writer will (temp file + rename)
+            fd, probe = tempfile.mkstemp(dir=d, prefix=".edgetorch-probe-")
+        except OSError as e:
+            raise CliError(f"cannot write {flag} {path}: {e.strerror or e} (cannot create a file in {d})") from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def check_output_dir(path: str, flag: str) -> None:

@@ -26,6 +26,9 @@ class RunFailed(Exception):
     """Loading or executing the program failed (exit status 3)."""
 
 
+_MAX_DEBUG_BUFFER_BYTES = 1 << 40  # runtime.debug_sink.MAX_DEBUG_BUFFER_BYTES (not imported: --help stays light)
+
+
 def _buffer_size(text: str) -> int | str:
     t = text.strip().lower()
     if t == "auto":
@@ -43,7 +46,22 @@ def _buffer_size(text: str) -> int | str:
                                          f"got {text!r}") from None
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    if n > _MAX_DEBUG_BUFFER_BYTES:
+        raise argparse.ArgumentTypeError(f"at most {_MAX_DEBUG_BUFFER_BYTES} bytes (1 TiB; a fixed buffer is "
+                                         f"allocated up front, use 'auto' to size it per run), got {text!r}")
     return n
+
+
+def _check_buffer_size(args: argparse.Namespace, method: Any, dump_level: str | None) -> None:
+    """A fixed ``--debug_buffer_size`` that cannot hold the runs asked for is a user error, found before running
+    (a static method's runs store exactly ``debug_buffer_bytes`` each; a dynamic one is checked as it runs)."""
+    size = args.debug_buffer_size
+    if dump_level != "intermediates" or not isinstance(size, int) or method.plan.symbols:
+        return
+    need = method.metadata.debug_buffer_bytes * args.num_executions
+    if size < need:
+        raise CliError(f"--debug_buffer_size {size} is too small: {args.num_executions} execution(s) of method "
+                       f"'{method.name}' store {need} bytes of intermediate outputs (pass at least {need}, or auto)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -301,7 +319,13 @@ def _main(args: argparse.Namespace) -> int:
 
     import mmap
 
-    from edgetorch.errors import EdgeTorchError, FormatError, RuntimeInputError
+    from edgetorch.errors import (
+        DebugBufferConfigError,
+        DebugBufferOverflowError,
+        EdgeTorchError,
+        FormatError,
+        RuntimeInputError,
+    )
     from edgetorch.formats import bundled_program as bpf
 
     # -- read the test case ------------------------------------------------------------------------------
@@ -359,7 +383,7 @@ def _main(args: argparse.Namespace) -> int:
         # the command line verifies the whole file, weights included, before running it
         program = Runtime.get().load_program(path, enable_etdump=trace, debug_buffer_size=dbg_size,
                                              verification=Verification.Full)
-    except FormatError as e:
+    except (FormatError, DebugBufferConfigError) as e:
         raise CliError(str(e)) from None
     except EdgeTorchError as e:
         raise RunFailed(f"cannot load {path}: {e}") from None
@@ -376,6 +400,7 @@ def _main(args: argparse.Namespace) -> int:
         raise RunFailed(f"cannot load method '{method_name}': {e}") from None
     t1 = time.perf_counter()
     plan = method.plan
+    _check_buffer_size(args, method, dump_level)
     if flat_inputs is None:
         flat_inputs = _ones_inputs(plan)
         print(f"Inputs: {len(flat_inputs)} filled with ones", file=out)
@@ -393,7 +418,7 @@ def _main(args: argparse.Namespace) -> int:
         t2 = time.perf_counter()
         try:
             result = method.execute(*call_args, **call_kwargs)
-        except RuntimeInputError as e:  # the bundled inputs do not fit the method
+        except (RuntimeInputError, DebugBufferOverflowError) as e:  # inputs that do not fit, a buffer too small
             raise CliError(str(e)) from None
         except EdgeTorchError as e:
             raise RunFailed(f"method '{method_name}' failed: {e}") from None
@@ -425,8 +450,8 @@ def _main(args: argparse.Namespace) -> int:
                 program.write_etdump_result_to_file(etdump_path)
                 print(f"ETDump written to {etdump_path}.", file=out)
         except OSError as e:
-            raise CliError(f"cannot write the ETDump or debug buffer: {e.strerror or e}: "
-                           f"{e.filename or etdump_path}") from None
+            raise CliError(f"cannot write the ETDump or debug buffer {e.filename or etdump_path}: "
+                           f"{e.strerror or e}") from None
         except EdgeTorchError as e:
             raise RunFailed(str(e)) from None
 
