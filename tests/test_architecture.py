@@ -16,11 +16,12 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "edgetorch"
 
 #: top-level sub-package -> the sub-packages it may import (besides itself)
-_BOTTOM = {"errors", "_fileio", "_version", "_hooks"}
+_BOTTOM = {"errors", "_fileio", "_version", "_hooks", "_quiet"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "_version": set(),
     "_hooks": set(),
+    "_quiet": set(),
     "_fileio": {"errors"},
     "formats": _BOTTOM,
     "exir": _BOTTOM | {"formats"},

@@ -9,8 +9,10 @@ other (``edgetorch._hooks``).
 
 from typing import Any
 
-from edgetorch import _hooks
+from edgetorch import _hooks, _quiet
 from edgetorch._version import __version__
+
+_quiet.install_default()  # third-party noise off the console (edgetorch._quiet; --verbose shows it)
 
 
 def _etrecord_from_manager(manager: Any) -> Any:

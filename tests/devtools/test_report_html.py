@@ -22,6 +22,7 @@ import torch
 
 from edgetorch.devtools import Inspector
 from edgetorch.devtools.graph_view import extract_graph, layout, paginate, rows_for_nodes
+from edgetorch.devtools.inspector import float_reference  # noqa: F401 - torchao loaded before any test's RSS baseline
 from edgetorch.devtools.model_explorer import ModelExplorerError, node_data, write_node_data
 from edgetorch.devtools.report import ReportError, write_report
 

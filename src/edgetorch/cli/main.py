@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         mod.add_arguments(p)
         modules[name] = mod
     args = parser.parse_args(argv)
+    if args.verbose:  # third-party messages too (edgetorch._quiet)
+        from edgetorch import _quiet
+
+        _quiet.set_quiet(False)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if args.command not in modules:

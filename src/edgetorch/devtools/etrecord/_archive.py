@@ -39,7 +39,7 @@ from edgetorch.devtools.etrecord._tensors import (
     decode_tree,
     encode_tree,
 )
-from edgetorch.errors import ETRecordError, ETRecordFormatError
+from edgetorch.errors import ETRecordError, ETRecordFormatError, artifact_io_error
 from edgetorch.formats.handles import HandleGroup, groups_from_tables
 
 if TYPE_CHECKING:
@@ -687,7 +687,11 @@ def _load_buffer(source: Any, path: str | None) -> tuple[Any, bool]:
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _in_memory(source), False
     if path is not None:
-        with open(path, "rb") as f:
+        try:
+            f = open(path, "rb")
+        except (IsADirectoryError, PermissionError) as e:  # a typed error naming the path (not found: the caller's)
+            raise artifact_io_error(e, "ETRecord file", path) from None
+        with f:
             try:
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), True
             except (ValueError, OSError):  # empty file, or a file that cannot be mapped (a pipe)

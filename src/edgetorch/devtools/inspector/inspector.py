@@ -37,7 +37,7 @@ from edgetorch.devtools.inspector.numeric_gap import (
     runtime_entries,
 )
 from edgetorch.devtools.inspector.reference_runs import fit_reference_etdump, gap_groups
-from edgetorch.errors import ArtifactMismatchError, InspectorError, ObserverEffectWarning
+from edgetorch.errors import ArtifactMismatchError, InspectorError, ObserverEffectWarning, artifact_io_error
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL, HandleGroup
@@ -72,6 +72,8 @@ class Inspector:
                     data = f.read()
             except FileNotFoundError:
                 raise InspectorError(f"ETDump file not found: {path}") from None
+            except OSError as e:  # a directory, no permission: a typed error naming the path
+                raise artifact_io_error(e, "ETDump file", path) from None
             self._etdump = read_any_etdump(data, path)
         else:
             self._etdump = read_any_etdump(etdump_data)
@@ -335,7 +337,7 @@ class Inspector:
                 edge_handles = set(self._nodes_by_handle(method))
                 if last and edge_handles <= set(last) | {0}:
                     return gm, "exported_program"
-                log.warning("the ATen program of '%s' lacks some debug handles; using the edge program", method)
+                log.info("the ATen program of '%s' lacks some debug handles; using the edge program", method)
             elif reference_graph == "exported_program":
                 raise InspectorError(f"the ETRecord holds no ATen program for method '{method}'")
         if reference_graph in (None, "exported_program", "edge_dialect_exported_program"):

@@ -56,6 +56,7 @@ from edgetorch.devtools.inspector.comparators import (
     mismatch_count,
 )
 from edgetorch.devtools.inspector.noise import floor_from_units, noise_model_attrs, op_noise, rel_error, verdict
+from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import nodes_by_handle, source_location
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup, OutputSource
 
@@ -533,7 +534,16 @@ def _walk(j: _Join, reference: torch.fx.GraphModule, inputs: tuple, picked: list
     j.walk = _JointWalk(reference, j.last, runtime if local else None, state, fill)
     after: dict[str, torch.Tensor] | None = {} if capture is not None else None
     with torch.no_grad(), _restored_state(reference, j.walk.mutated, after):
-        result = j.walk.run(*inputs)
+        try:
+            result = j.walk.run(*inputs)
+        except RuntimeError as e:
+            if "Expected positional argument" not in str(e):
+                raise
+            names = [str(n.target) for n in reference.graph.nodes if n.op == "placeholder"]
+            raise InspectorError(f"the reference program takes {len(names)} inputs ({', '.join(names)}), the "
+                                 f"input given has {len(inputs)}: record every argument the program was exported "
+                                 "with, flags such as use_cache included (etrecord.update_representative_inputs)"
+                                 ) from None
     if capture is not None:
         capture.update(output=result, state=after)
 

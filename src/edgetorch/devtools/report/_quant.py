@@ -14,8 +14,6 @@ from typing import Any
 
 import pandas as pd
 
-from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-
 from ._charts import _e
 
 QUANT_COLUMNS = ("sqnr_db", "local_sqnr_db", "quantized")  # what makes a table a float-reference table
@@ -41,6 +39,8 @@ def worst_rows(df: pd.DataFrame, top: int = 5) -> list[int]:
     """Positions (0-based, graph order) of the ``top`` worst quantized rows, worst first."""
     if df.empty:
         return []
+    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits  # imports torchao
+
     pos = {label: k for k, label in enumerate(df.index)}
     return [pos[i] for i in rank_quantization_culprits(df, top).index]
 
