@@ -244,3 +244,39 @@ def test_compare_results_on_reference_outputs():
         compare_results(ref, ref, metrics=["psnr"])
     with pytest.raises(InspectorError, match="output"):
         compare_results(ref, ref + ref)
+
+
+def test_gap_groups_of_ops_split_between_a_delegate_and_kernels():
+    """The reference's exporter may split one op between a delegate call and kernels (found on a ViT's
+    ``unbind`` and ``matmul`` under XNNPACK): the part that runs first gives no row of that op."""
+    from edgetorch.devtools.inspector.reference_runs import gap_groups
+    from edgetorch.formats.handles import DELEGATE_CALL, KERNEL, HandleGroup
+
+    call0 = HandleGroup(DELEGATE_CALL, 0, (6, 7, 8, 9), backend="XnnpackBackend")  # slice_copy of unbind (9) inside
+    k1 = HandleGroup(KERNEL, 1, (9,))  # its squeeze_copy outside
+    k2 = HandleGroup(KERNEL, 2, (11,))  # a matmul's expand_copy outside ...
+    call3 = HandleGroup(DELEGATE_CALL, 3, (11, 12), backend="XnnpackBackend")  # ... and its bmm inside
+    k4 = HandleGroup(KERNEL, 4, (13,))
+    call5 = HandleGroup(DELEGATE_CALL, 5, (13,), backend="XnnpackBackend")
+    out = gap_groups([call0, k1, k2, call3, k4, call5])
+    assert out == {call0: HandleGroup(DELEGATE_CALL, 0, (6, 7, 8), backend="XnnpackBackend"), k2: None, k4: None}
+
+
+def test_dim_order_ops_read_as_aten():
+    from edgetorch.devtools.etrecord._executorch import _dim_order_to_aten
+
+    edge = "executorch.exir.dialects.edge.ops."
+    clone = {"target": edge + "dim_order_ops._clone_dim_order.default", "inputs": [
+        {"name": "self", "arg": {"as_tensor": {"name": "x"}}}, {"name": "non_blocking", "arg": {"as_bool": False}},
+        {"name": "dim_order", "arg": {"as_ints": [0, 2, 3, 1]}}]}
+    _dim_order_to_aten(clone)
+    assert clone["target"] == "torch.ops.aten.clone.default"
+    assert [a["name"] for a in clone["inputs"]] == ["self", "memory_format"]
+    assert clone["inputs"][1]["arg"] == {"as_memory_format": 2}  # channels last
+    to = {"target": edge + "dim_order_ops._to_dim_order_copy.default", "inputs": [
+        {"name": "self", "arg": {"as_tensor": {"name": "x"}}}, {"name": "dtype", "arg": {"as_scalar_type": 7}},
+        {"name": "dim_order", "arg": {"as_ints": [0, 1, 2]}}]}
+    _dim_order_to_aten(to)
+    assert to["target"] == "torch.ops.aten._to_copy.default"
+    assert to["inputs"][1:] == [{"name": "dtype", "arg": {"as_scalar_type": 7}},
+                                {"name": "memory_format", "arg": {"as_memory_format": 1}, "kind": 2}]
