@@ -280,3 +280,23 @@ def test_dim_order_ops_read_as_aten():
     assert to["target"] == "torch.ops.aten._to_copy.default"
     assert to["inputs"][1:] == [{"name": "dtype", "arg": {"as_scalar_type": 7}},
                                 {"name": "memory_format", "arg": {"as_memory_format": 1}, "kind": 2}]
+
+
+def test_bundled_program_checks_raise_what_the_reference_raises():
+    """The reference's bundled-program checks are assertions: edgetorch's typed errors are AssertionErrors too."""
+    from torch import nn
+
+    from edgetorch.devtools.bundled_program import (
+        BundledInputMismatchError,
+        BundledProgram,
+        MethodTestCase,
+        MethodTestSuite,
+    )
+    from edgetorch.exir import to_edge
+
+    x = torch.randn(2, 8)
+    et = to_edge(torch.export.export(nn.Linear(8, 4).eval(), (x,))).to_executorch()
+    bad = [MethodTestSuite("forward", [MethodTestCase((torch.randn(3, 5),))])]
+    with pytest.raises(AssertionError) as ei:
+        BundledProgram(et, bad)
+    assert isinstance(ei.value, BundledInputMismatchError) and isinstance(ei.value, ValueError)

@@ -9,8 +9,9 @@ __all__ = ["BundledInputMismatchError", "BundledMethodNotFoundError", "BundledOu
            "BundledProgramError", "BundledProgramFormatError", "InvalidTestCaseError"]
 
 
-class BundledProgramError(EdgeTorchError, ValueError):
-    """A bundled program cannot be built: its test cases do not fit the program.
+class BundledProgramError(EdgeTorchError, ValueError, AssertionError):
+    """A bundled program cannot be built: its test cases do not fit the program. Also an ``AssertionError``:
+    what the reference ExecuTorch raises for the same checks, so its users' ``except AssertionError`` still works.
 
     ``method_name``, ``test_case`` and ``index`` (input or output index) name the part at fault when known.
     """
