@@ -300,3 +300,16 @@ def test_bundled_program_checks_raise_what_the_reference_raises():
     with pytest.raises(AssertionError) as ei:
         BundledProgram(et, bad)
     assert isinstance(ei.value, BundledInputMismatchError) and isinstance(ei.value, ValueError)
+
+
+def test_get_etrecord_without_generate_is_a_runtime_error():
+    """The reference raises RuntimeError("ETRecord was not generated"); so does edgetorch (a typed one)."""
+    from torch import nn
+
+    from edgetorch.errors import ETRecordError
+    from edgetorch.exir import to_edge
+
+    et = to_edge(torch.export.export(nn.Linear(8, 4).eval(), (torch.randn(2, 8),))).to_executorch()
+    with pytest.raises(RuntimeError, match="ETRecord was not generated") as ei:
+        et.get_etrecord()
+    assert isinstance(ei.value, ETRecordError)

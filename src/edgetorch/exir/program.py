@@ -345,7 +345,7 @@ class ExecutorchProgramManager:
     def get_etrecord(self) -> Any:
         """The ETRecord of this program (``generate_etrecord=True``); built once, from the stage history."""
         if self._edge.stage_history is None:
-            raise EdgeTorchError("ETRecord was not generated: pass generate_etrecord=True to to_edge / "
+            raise ETRecordError("ETRecord was not generated: pass generate_etrecord=True to to_edge / "
                                  "to_edge_transform_and_lower (or use devtools.etrecord.generate_etrecord)")
         if self._etrecord is None:
             if _hooks.etrecord_builder is None:  # set by edgetorch/__init__.py, which every import runs
