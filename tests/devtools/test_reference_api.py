@@ -313,3 +313,9 @@ def test_get_etrecord_without_generate_is_a_runtime_error():
     with pytest.raises(RuntimeError, match="ETRecord was not generated") as ei:
         et.get_etrecord()
     assert isinstance(ei.value, ETRecordError)
+
+
+def test_calculate_numeric_gap_takes_the_reference_keywords():
+    ins = _inspector("mlp_portable")
+    df = ins.calculate_numeric_gap(distance="MSE", disable_debug_handle_valdiation=True, reference_graph=None)
+    assert len(df) == 5 and df.attrs["reference_graph"] == "exported_program"

@@ -356,7 +356,8 @@ class Inspector:
 
     def calculate_numeric_gap(self, distance: str | NumericalComparatorBase = "MSE", method: str | None = None,
                               reference_graph: str | None = None, run: int = 0, local: bool = True,
-                              inputs: tuple | None = None, execution: int | None = None) -> pd.DataFrame:
+                              inputs: tuple | None = None, execution: int | None = None,
+                              disable_debug_handle_valdiation: bool = False) -> pd.DataFrame:
         """Per-op gaps between the reference program and the runtime intermediates.
 
         Rows follow execution order; ``gap`` is the accumulated gap, ``local_gap`` the gap of the op re-run on
@@ -368,6 +369,8 @@ class Inspector:
         recorded inputs of every execution up to that one, mutable state carried over (``method``, ``run`` and
         ``inputs`` are then ignored; see ``inspector.generation``).
         ``df.attrs["coverage"]`` (also ``self.last_gap_coverage``) says what was matched and why the rest was not.
+        ``disable_debug_handle_valdiation`` (sic, the reference's keyword) is accepted for its callers: edgetorch
+        takes the ATen program as reference only when it carries every handle, and the edge program otherwise.
         """
         if self._etrecord is None:
             raise InspectorError("calculate_numeric_gap needs an ETRecord (pass etrecord=...)")
