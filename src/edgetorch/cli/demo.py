@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the ops run: portable (ATen kernels: gaps ~0) or onnxruntime (delegated: real "
                         "kernel differences); auto picks onnxruntime when available")
     p.add_argument("--out", default="edgetorch-demo", help="folder for the .pte, ETRecord, ETDump, report")
-    p.add_argument("--distance", default="MSE", help="MSE, L1, SNR, COSINE or MAX_ABS")
+    p.add_argument("--distance", default="MSE", help="MSE, L1, SNR, COSINE, MAX_ABS or a metric registered with "
+                   "comparators.register_comparator")
     p.add_argument("--rows", type=int, default=25, help="gap-table rows to print")
 
 
@@ -34,9 +35,6 @@ def _partitioners(backend: str) -> tuple[list, str]:
     return [], "portable"
 
 
-_DISTANCES = ("MSE", "L1", "SNR", "COSINE", "MAX_ABS")
-
-
 def _check_args(args: argparse.Namespace) -> None:
     """Refuses bad arguments before any work starts (exit status 2)."""
     from edgetorch.cli._common import CliError, check_output_dir
@@ -44,8 +42,10 @@ def _check_args(args: argparse.Namespace) -> None:
 
     if args.model not in list_models():
         raise CliError(f"unknown --model {args.model!r}; zoo models: {', '.join(list_models())}")
-    if str(args.distance).upper() not in _DISTANCES:
-        raise CliError(f"--distance must be one of {', '.join(_DISTANCES)}, got {args.distance!r}")
+    from edgetorch.devtools.inspector.comparators import metric_names
+
+    if str(args.distance).upper() not in metric_names():
+        raise CliError(f"--distance must be one of {', '.join(metric_names())}, got {args.distance!r}")
     args.distance = str(args.distance).upper()
     if args.rows < 0:
         raise CliError(f"--rows must be >= 0, got {args.rows}")

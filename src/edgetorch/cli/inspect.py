@@ -33,7 +33,6 @@ from typing import Any
 from edgetorch.cli._common import CliError, check_output_path, guarded
 
 EXIT_OK = 0  # 2: bad arguments or artifacts, 3: any other failure (edgetorch.cli._common)
-_DISTANCES = ("MSE", "L1", "SNR", "COSINE", "MAX_ABS")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug-buffer", "--debug_buffer_path", dest="debug_buffer", default=None,
                    help="debug buffer file written with the ETDump (needed for --gap)")
     p.add_argument("--gap", metavar="DISTANCE", nargs="?", const="MSE", default=None, type=str.upper,
-                   help=f"print the per-op numeric-gap table with this distance ({', '.join(_DISTANCES)}; "
-                        "default MSE)")
+                   help="print the per-op numeric-gap table with this distance (MSE, L1, SNR, COSINE, MAX_ABS or a "
+                        "metric registered with comparators.register_comparator; default MSE)")
     p.add_argument("--reference-graph", dest="reference_graph", default=None, metavar="NAME",
                    help="with --gap: compare with this graph of the ETRecord instead of the edge program; 'float' "
                         "(the float model a quantizing export records) gives each layer's quantization error over "
@@ -118,8 +117,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.execution is not None and args.gap is None:
         args.gap = "MSE"
     if args.gap is not None:
-        if args.gap not in _DISTANCES:
-            raise CliError(f"--gap must be one of {', '.join(_DISTANCES)}, got {args.gap}")
+        from edgetorch.devtools.inspector.comparators import metric_names
+
+        if args.gap not in metric_names():
+            raise CliError(f"--gap must be one of {', '.join(metric_names())}, got {args.gap}")
         if args.etrecord is None:
             raise CliError("--gap needs --etrecord (the reference graph and its representative inputs)")
         if args.debug_buffer is None:

@@ -31,6 +31,9 @@ class NumericalComparatorBase(ABC):
     the reference; the Inspector sets ``inspector`` when it is None."""
 
     name: str = "custom"
+    #: the direction of the metric: True when a larger value is a larger discrepancy (MSE), False for a
+    #: similarity (SNR, cosine); the gap table records it (``df.attrs["larger_is_worse"]``) for its readers
+    larger_is_worse: bool = True
     inspector: Any = None
 
     def __init__(self, inspector: Any = None) -> None:
@@ -175,6 +178,7 @@ class SNRComparator(NumericalComparatorBase):
     """10·log10(signal power / noise power), signal = the AOT tensor; +inf when identical."""
 
     name = "SNR"
+    larger_is_worse = False
     identical_value = math.inf  # the value for bit-identical tensors
 
     def element_compare(self, a, b):
@@ -194,6 +198,7 @@ class CosineComparator(NumericalComparatorBase):
     """Cosine similarity (1.0 = same direction); two all-zero tensors count as identical."""
 
     name = "COSINE"
+    larger_is_worse = False
     identical_value = 1.0  # the value for bit-identical tensors
 
     def element_compare(self, a, b):
@@ -208,13 +213,45 @@ class CosineComparator(NumericalComparatorBase):
         return torch.dot(a, b).item() / (na * nb)
 
 
-_METRICS: dict[str, type[NumericalComparatorBase]] = {
-    "MSE": MSEComparator, "L1": L1Comparator, "SNR": SNRComparator, "COSINE": CosineComparator,
-    "MAX_ABS": MaxAbsComparator,
-}
+#: the one registry of named metrics (``register_comparator``): the Python API, the CLI's choices and
+#: ``LARGER_IS_WORSE`` all read it
+_METRICS: dict[str, type[NumericalComparatorBase]] = {}
 
-#: metrics where a larger value means a larger discrepancy
-LARGER_IS_WORSE = {"MSE": True, "L1": True, "MAX_ABS": True, "SNR": False, "COSINE": False}
+#: metric name -> whether a larger value means a larger discrepancy (a view of the registry, kept for callers)
+LARGER_IS_WORSE: dict[str, bool] = {}
+
+
+def register_comparator(cls: type[NumericalComparatorBase]) -> type[NumericalComparatorBase]:
+    """Registers a comparator class under its ``name`` (upper case) with its ``larger_is_worse`` direction: the
+    Inspector's ``distance=`` and the CLI's ``--gap`` / ``--distance`` then accept it. Usable as a decorator."""
+    if not (isinstance(cls, type) and issubclass(cls, NumericalComparatorBase)):
+        raise TypeError(f"register_comparator expects a NumericalComparatorBase subclass, got {cls!r}")
+    key = str(cls.name).strip().upper()
+    if not key or key == EXACT_METRIC:
+        raise ValueError(f"a comparator needs a name other than {EXACT_METRIC!r}, got {cls.name!r}")
+    _METRICS[key] = cls
+    LARGER_IS_WORSE[key] = bool(cls.larger_is_worse)
+    return cls
+
+
+def metric_names() -> list[str]:
+    """The registered metric names, built-in ones first."""
+    return list(_METRICS)
+
+
+def larger_is_worse(distance: Any, attrs: dict | None = None) -> bool:
+    """The direction of ``distance`` (a comparator, its class or a registered name); a gap table's
+    ``attrs["larger_is_worse"]`` (written by the Inspector from the comparator itself) wins when given."""
+    if attrs is not None and isinstance(attrs.get("larger_is_worse"), bool):
+        return attrs["larger_is_worse"]
+    if isinstance(distance, NumericalComparatorBase) or (isinstance(distance, type)
+                                                          and issubclass(distance, NumericalComparatorBase)):
+        return bool(distance.larger_is_worse)
+    return LARGER_IS_WORSE.get(str(distance).strip().upper(), True)
+
+
+for _cls in (MSEComparator, L1Comparator, SNRComparator, CosineComparator, MaxAbsComparator):
+    register_comparator(_cls)
 
 
 def get_comparator(distance: str | NumericalComparatorBase) -> NumericalComparatorBase:

@@ -33,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from edgetorch.devtools.inspector.comparators import EXACT_METRIC, LARGER_IS_WORSE
+from edgetorch.devtools.inspector.comparators import EXACT_METRIC, larger_is_worse
 from edgetorch.errors import InspectorError
 
 #: columns the culprit search needs (``calculate_numeric_gap`` writes them)
@@ -80,7 +80,7 @@ def _explained_delegate_rows(df: pd.DataFrame, real: list[bool]) -> set[Any]:
 
 def accumulated_ranks(df: pd.DataFrame) -> pd.Series:
     """Rank of each row when sorted by accumulated gap, worst first (the reference's way; 1 = first)."""
-    worse = LARGER_IS_WORSE.get(df.attrs.get("distance", "MSE"), True)
+    worse = larger_is_worse(df.attrs.get("distance", "MSE"), df.attrs)
     keys = pd.Series([_first(g) for g in df["gap"]], index=df.index, dtype=float)
     return keys.rank(ascending=not worse, method="first", na_option="bottom").astype(int)
 

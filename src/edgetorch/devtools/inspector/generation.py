@@ -25,7 +25,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from edgetorch.devtools.inspector.comparators import LARGER_IS_WORSE, NumericalComparatorBase, get_comparator
+from edgetorch.devtools.inspector.comparators import NumericalComparatorBase, get_comparator, larger_is_worse
 from edgetorch.devtools.inspector.events import _signature
 from edgetorch.devtools.inspector.numeric_gap import (
     RuntimeEntry,
@@ -343,7 +343,7 @@ class GenerationReplay:
 
 
 def _worst_local(df: pd.DataFrame, distance: str) -> tuple[float | None, list[str] | None]:
-    worse = LARGER_IS_WORSE.get(distance, True)
+    worse = larger_is_worse(distance, df.attrs)
     best: tuple[float, list[str]] | None = None
     for gap, ops in zip(df["local_gap"], df["aot_ops"]):
         g = gap[0] if gap else None

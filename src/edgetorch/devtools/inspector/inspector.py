@@ -470,11 +470,13 @@ class Inspector:
     def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None:
         """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE). An exact
         row (integer/bool, ``metric`` ``MISMATCH_FRACTION``) diverges as soon as one element differs."""
-        distance = df.attrs.get("distance", "MSE")
+        from edgetorch.devtools.inspector.comparators import larger_is_worse
+
+        worse = larger_is_worse(df.attrs.get("distance", "MSE"), df.attrs)  # the comparator's own direction
         metrics = df["metric"] if "metric" in df.columns else [None] * len(df)
         for i, gap, metric in zip(df.index, df["gap"], metrics):  # no per-row Series (iterrows is slow)
             g = gap[0] if gap else None
-            if g is not None and _diverges(metric, g, threshold, distance):
+            if g is not None and _diverges(metric, g, threshold, worse):
                 return df.loc[i]
         return None
 
@@ -516,12 +518,12 @@ def _exact_rows(df: pd.DataFrame) -> pd.Series:
     return df["metric"] == df.attrs.get("exact_metric", EXACT_METRIC)
 
 
-def _diverges(metric: str | None, g: float, threshold: float, distance: str) -> bool:
-    from edgetorch.devtools.inspector.comparators import EXACT_METRIC, LARGER_IS_WORSE
+def _diverges(metric: str | None, g: float, threshold: float, worse: bool) -> bool:
+    from edgetorch.devtools.inspector.comparators import EXACT_METRIC
 
     if metric == EXACT_METRIC:
         return g > 0
-    return (g > threshold) if LARGER_IS_WORSE.get(distance, True) else (g < threshold)
+    return (g > threshold) if worse else (g < threshold)
 
 
 def _fmt(v: Any) -> str:

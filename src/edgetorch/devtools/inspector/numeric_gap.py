@@ -48,6 +48,7 @@ import pandas as pd
 import torch
 import torch.fx
 
+from edgetorch.devtools.inspector._frame import GapFrame
 from edgetorch.devtools.inspector._graph_writes import is_uninitialised, is_view, written_in_place
 from edgetorch.devtools.inspector.comparators import (
     EXACT_METRIC,
@@ -621,7 +622,7 @@ _COLUMNS = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_o
 
 
 def _frame(rows: list[dict[str, Any]], cov: Coverage) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=_COLUMNS)
+    df = GapFrame(rows, columns=_COLUMNS)  # prints one-value gaps as numbers (inspector._frame)
     df["mismatches"] = pd.Series([r["mismatches"] for r in rows], index=df.index, dtype=object)  # int | None
     for c in SCALE_COLUMNS[:3]:
         df[c] = pd.Series([r[c] for r in rows], index=df.index, dtype=object)  # float | None
@@ -662,4 +663,6 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
     cov.aot_matched = len(covered)
     _unmatched_reference(j, covered, view_only or set(), cov)
     log.info("numeric gap: %s", cov.summary())
-    return _frame(rows, cov), cov
+    df = _frame(rows, cov)
+    df.attrs["larger_is_worse"] = bool(getattr(comparator, "larger_is_worse", True))  # the comparator's own
+    return df, cov
