@@ -18,7 +18,8 @@ from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL
 from tests.devtools._reference_data import DATA, FAULTS, debug_buffer, unpack
 
-NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "vit", "cnn_int8") for b in ("portable", "xnnpack")]
+NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "cnn_int8") for b in ("portable", "xnnpack")]
+NAMES += ["vit_portable", "vit2h_xnnpack"]  # vit2h: two heads, an unbind XNNPACK splits, a dim-order clone
 
 
 def _paths(name: str) -> dict[str, str]:
@@ -109,15 +110,19 @@ def test_etrecord_groups_and_handles():
 def test_programs_are_deserialized_on_first_use():
     """Parsing reads no weights; the numeric gap deserializes the ATen program only (the edge program's copy of
     the weights is never loaded), with the same handle table the deserialized edge program gives."""
-    rec = parse_etrecord(DATA / "vit_xnnpack_etrecord.bin")
+    rec = parse_etrecord(DATA / "cnn_xnnpack_etrecord.bin")
     assert not any(rec._is_loaded(r) for r in ("aten", "edge", "graph_map"))
     table = rec.handle_table("forward")
-    ins = Inspector(etdump_path=DATA / "vit_xnnpack.etdp", etrecord=rec, debug_buffer_path=debug_buffer("vit_xnnpack"))
+    ins = Inspector(etdump_path=DATA / "cnn_xnnpack.etdp", etrecord=rec,
+                    debug_buffer_path=debug_buffer("cnn_xnnpack"))
     ins.calculate_numeric_gap("MSE")
     assert rec._is_loaded("aten") and not rec._is_loaded("edge")
     from edgetorch.devtools.etrecord._reference import handles_from_program
 
     assert handles_from_program(rec.edge_programs["forward"], "forward") == table
+    # a program whose ATen graph lacks a handle (an unbind XNNPACK splits) is compared with its edge program
+    rec2 = parse_etrecord(DATA / "vit2h_xnnpack_etrecord.bin")
+    assert handles_from_program(rec2.edge_programs["forward"], "forward") == rec2.handle_table("forward")
 
 
 def test_delegate_call_inputs_are_trimmed():
