@@ -44,6 +44,7 @@ def test_a_torchao_recipe_generates_the_quantized_eager_tokens(tmp_path):
             str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "recipe portable_torchao_8da4w" in r.stdout and "tokens match eager" in r.stdout
+    assert "float tokens:" in r.stdout and "logits SQNR against float per step" in r.stdout
     # the program holds int4 weights: far smaller than the float one of the same model
     assert (tmp_path / "model.pte").stat().st_size < 400_000  # the fp32 program is 592 KiB
     r = cli("generate", "--out", str(tmp_path / "o"), "--recipe", "portable_int3")

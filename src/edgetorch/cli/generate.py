@@ -100,6 +100,7 @@ def _main(args: argparse.Namespace) -> int:
         raise CliError(f"--prompt-len + --tokens must be at most {cfg.max_seq_len} (the cache length of "
                        f"{args.model})")
     print(f"[1/4] exporting {args.model} as prefill + decode", flush=True)
+    float_model = model
     et, model = _lower(model, args)
     pte = os.path.join(args.out, "model.pte")
     et.save(pte)
@@ -125,11 +126,38 @@ def _main(args: argparse.Namespace) -> int:
     worst = max((a - b).abs().max().item() for a, b in zip(got.step_logits, want.step_logits))
     print("tokens match eager" if diverged is None else f"tokens differ from step {diverged}",
           f"(largest logit difference {worst:.3e}); {1000 * dt / args.tokens:.2f} ms per token on the runtime")
+    if args.recipe is not None:
+        _against_float(float_model, prompt, got, args.tokens)
     if args.etdump:
         prog.write_etdump_result_to_file(os.path.join(args.out, "etdump.etdp"),
                                          os.path.join(args.out, "debug_buffer.bin"))
         print(f"ETDump ({args.tokens} runs), debug buffer and ETRecord written to {args.out}")
     return 0 if diverged is None else 1
+
+
+def _against_float(float_model, prompt, got, tokens: int) -> None:  # noqa: ANN001
+    """How far the quantized generation is from the float model's: the first step whose greedy token differs,
+    and each step's logits SQNR while the two still read the same tokens."""
+    import math
+
+    import torch
+
+    from edgetorch.models.generation import greedy_generate_with_logits
+
+    with torch.no_grad():
+        float_model.reset_cache()
+        ref = greedy_generate_with_logits(float_model.prefill, float_model.decode, prompt, tokens)
+    first = next((i for i, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
+    same = len(got.tokens) if first is None else first + 1  # step `first` still read the same inputs
+    sqnr = []
+    for a, b in zip(got.step_logits[:same], ref.step_logits[:same]):
+        noise = float((a.float() - b.float()).pow(2).sum())
+        sqnr.append(math.inf if noise == 0 else 10 * math.log10(float(b.float().pow(2).sum()) / noise))
+    print(f"float tokens:   {ref.tokens}")
+    agree = "greedy tokens agree with the float model" if first is None else (
+        f"the float model's greedy choice differs from step {first}")
+    print(f"{agree}; logits SQNR against float per step (same inputs): "
+          + ", ".join(f"{v:.1f}" for v in sqnr) + " dB")
 
 
 def run(args: argparse.Namespace) -> int:
