@@ -21,7 +21,10 @@ Tools watch a run through one documented hook: an optional ``MethodObserver`` (`
 run loop calls before and after each instruction; the ETDump tracer is one.
 
 Threads: one ``Method`` runs one call at a time (``execute`` holds a lock: its arena, state and observer are
-shared); load the program twice to run it in parallel.
+shared); the methods of a program with mutable buffers share one lock (the program's state), and a traced
+program runs one method at a time (its tracer is the program's). Calls are serialised, not sequences of calls: two
+threads generating on one stateful program still see each other's cache updates between their calls; give each
+its own ``load_program`` (or ``reset()`` inside one lock of your own). Load the program twice to run in parallel.
 """
 
 from __future__ import annotations
@@ -121,7 +124,10 @@ class Method:
         self._plan = plan
         self.name = plan.name
         loaded = program._loaded
-        self._lock = threading.RLock()
+        # a stateful method shares its program's lock: the mutable buffers are the program's (a prefill and a decode
+        # on two threads would interleave their cache updates); a stateless one runs beside its siblings
+        shared = getattr(program, "_state_lock", None) if plan.mutable_buffers else None
+        self._lock = shared if shared is not None else threading.RLock()
         self._ops = check_operators(plan)  # before anything runs (views and folded instructions run at load)
         plan_check.check_io(plan)  # at every verification level: inputs the run loop can copy into
         self._shapes_checked = False  # the first run checks every static planned shape (see _check_planned_shapes)

@@ -44,6 +44,7 @@ class Program:
         self._plans = {p.name: p for p in loaded.program.plans}
         self._buffers: dict[str, tuple[torch.Tensor, pf.MutableBufferDef]] = {}
         self._folded: dict[tuple, list[torch.Tensor]] = {}  # constant-only results shared by methods (Method)
+        self._state_lock = threading.RLock()  # serialises the calls of every method with mutable buffers
         self._tracer = None
         if enable_etdump or debug_buffer_size or debug_buffer_path:
             from edgetorch.runtime.tracing import ProgramTracer  # only paid for when asked

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -340,6 +341,7 @@ class ProgramTracer:
         self._alloc: Callable[[int], int] | None = None
         self._note: Callable[[int], None] | None = None
         self._put: Callable[[tuple], None] | None = None
+        self._run_lock = threading.RLock()  # one traced run at a time per program (begin_run .. end_run)
         self._idle()
 
     def _idle(self) -> None:
@@ -400,7 +402,17 @@ class ProgramTracer:
     # -- MethodObserver ------------------------------------------------------------------------------
     def begin_run(self, method: Any) -> None:
         """Starts an "Execute" block: reserves the run's bytes (or raises ``DebugBufferOverflowError`` before
-        anything is stored), starts the writer and logs the inputs."""
+        anything is stored), starts the writer and logs the inputs. One run at a time per program: the tracer
+        (its sink, writer and current run) is the program's, shared by its methods, so a run of another method
+        on another thread waits here until ``end_run`` (a per-Method lock alone let two runs interleave)."""
+        self._run_lock.acquire()
+        try:
+            self._begin_run(method)
+        except BaseException:
+            self._run_lock.release()
+            raise
+
+    def _begin_run(self, method: Any) -> None:
         mt = self._trace_for(method)
         run = _ExecRun(mt, self._bundled_input_index)
         sink = self._sink
@@ -416,7 +428,7 @@ class ProgramTracer:
             if sink is not None:
                 self._log_inputs(mt, run)
         except BaseException:
-            self.end_run(method, False)
+            self._end_run(method, False)
             raise
         run.start = time.perf_counter_ns()
 
@@ -439,7 +451,13 @@ class ProgramTracer:
 
     def end_run(self, method: Any, ok: bool) -> None:
         """Logs the program outputs and waits for the writer (a successful run), or drops everything the run
-        stored (a failed one); then records the block."""
+        stored (a failed one); then records the block and lets the next run of the program begin."""
+        try:
+            self._end_run(method, ok)
+        finally:
+            self._run_lock.release()
+
+    def _end_run(self, method: Any, ok: bool) -> None:
         run, writer = self._run, self._writer
         try:
             if ok and writer is not None:
