@@ -73,7 +73,8 @@ class _GuardState:
         self.start_rss = 0
         self.start_time = 0.0
         self.large_in_module = False
-        self.log = os.environ.get("EDGETORCH_TEST_MEMORY_LOG")
+        # an isolated child neither guards nor logs (it would truncate the parent's log)
+        self.log = None if os.environ.get(_CHILD_ENV) else os.environ.get("EDGETORCH_TEST_MEMORY_LOG")
         if self.log:
             Path(self.log).write_text("module\tstart_mib\tend_mib\tgrowth_mib\tseconds\n")
 

@@ -43,7 +43,13 @@ def _cos(got: torch.Tensor, want: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0).item()
 
 
-_CACHE: dict = {}
+_CACHE: dict = {}  # one quantized session per (model, recipe), shared by this module's tests, freed after it
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_sessions():
+    yield
+    _CACHE.clear()
 
 
 def _quantized(name: str, recipe_type: PortableRecipeType, n_calibration: int = 4):

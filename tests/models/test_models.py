@@ -35,7 +35,7 @@ SLOW_MODELS = {"resnet18", "mobilenet_v2", "vit_b_16", "llama_100m", "llama_1b"}
 # Models whose build alone takes well over 10 s (1.1B seeded normals, 4.4 GB of fp32): even building them is slow,
 # and more than the suite's memory bound, so their tests run in a process of their own (tests/_memory_guard.py).
 SLOW_BUILDS = {"llama_1b"}
-_LARGE = pytest.mark.large_model(max_rss_gb=7)
+_LARGE = pytest.mark.large_model(max_rss_gb=6)
 
 
 def _build_params() -> list:
@@ -72,8 +72,9 @@ def _cached_model(name: str) -> torch.nn.Module:
 def _digests(state: dict[str, torch.Tensor]) -> dict[str, str]:
     """A SHA-256 of each tensor's bytes (with dtype and shape): compares two builds without holding both."""
     def digest(t: torch.Tensor) -> str:
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        return hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode() + raw).hexdigest()
+        digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()))  # no copy
+        return digest.hexdigest()
 
     return {key: digest(t) for key, t in state.items()}
 
