@@ -109,3 +109,34 @@ def test_a_kernel_writing_another_shape_is_refused_on_the_first_run(mlp, level):
     with pytest.raises(ProgramFormatError, match=r"instruction \d+ .* wrote output 0 with shape \[1, 256\].*"
                                                  r"plans \[1, 128\]"):
         method.execute(*inputs)
+
+
+def test_a_symbolic_stride_that_makes_elements_overlap_at_run_time_is_refused():
+    """The static layout check sees the upper bounds only: a dim-0 stride of ``seq + 2`` is 8 (fine) at the upper
+    bound 6 and 5 (rows overlap) at length 3; the strides of each run are checked when the method is reshaped."""
+    import json
+
+    import torch
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    seq = torch.export.Dim("seq", min=2, max=6)
+    from edgetorch.exir import to_edge
+
+    data = to_edge(torch.export.export(Double(), (torch.randn(4, 8),), dynamic_shapes=({0: seq},))) \
+        .to_executorch().buffer
+
+    def mutate(prog: pf.ProgramDef) -> None:
+        p = prog.plans[0]
+        o = next(i.call for i in p.instructions if i.call.kind == pf.CALL_OUT).outputs[0]
+        shape = json.loads(p.values[o].sym_shape)
+        shape["strides"] = [["+", ["s", 0], 2], 1]
+        p.values[o].sym_shape = json.dumps(shape)
+
+    method = Runtime.get().load_program(edit(data, mutate)).load_method("forward")
+    (out,) = method.execute(x := torch.randn(6, 8))
+    torch.testing.assert_close(out, x * 2, rtol=0, atol=0)
+    with pytest.raises(ProgramFormatError, match=r"strides \[5, 1\] has elements sharing memory"):
+        method.execute(torch.randn(3, 8))

@@ -51,6 +51,11 @@ def _tensor_args(plan: pf.PlanDef) -> list[list[int]]:
     return [[t for a in ins.call.args if 0 <= a < n for t in expand[a]] for ins in plan.instructions]
 
 
+def elements_overlap(sizes: list[int], strides: list[int]) -> bool:
+    """Whether two elements of a layout share an address (a tensor a kernel writes must not)."""
+    return pf._overlaps(sizes, strides)
+
+
 def _is_view(call: object) -> bool:
     return isinstance(call, pf.KernelCallDef) and call.kind == pf.CALL_VIEW
 

@@ -21,6 +21,7 @@ from edgetorch.errors import ProgramFormatError, RuntimeInputError
 from edgetorch.formats import program as pf
 from edgetorch.formats import symexpr
 from edgetorch.formats.dtypes import code_dtype, storage_nbytes
+from edgetorch.formats.plan_check import elements_overlap
 
 
 class SymScalar:
@@ -70,6 +71,9 @@ class ShapeBinder:
         self.tensors: list[_Tensor] = []
         self.views: list[Callable[[], None]] = []
         self._n = n
+        # the tensors kernels write (and inputs, copied into): no two of their elements may share an address
+        self.written = {o for ins in plan.instructions if isinstance(ins.call, pf.KernelCallDef)
+                        and ins.call.kind != pf.CALL_VIEW for o in ins.call.outputs} | set(plan.inputs)
 
     # -- built while the method loads ---------------------------------------------------------------
     def scalar(self, v: pf.SymIntV, where: str) -> SymScalar:
@@ -112,6 +116,10 @@ class ShapeBinder:
             raise ProgramFormatError(
                 f"method '{self.method}': {where} with sizes {sizes} would span more than its planned {c.nbytes} "
                 "bytes", field=where)
+        if c.vid in self.written and elements_overlap(sizes, strides):  # the static check saw the upper bounds
+            raise ProgramFormatError(
+                f"method '{self.method}': {where} with sizes {sizes} and strides {strides} has elements sharing "
+                "memory; kernels cannot write it (the file is inconsistent: corrupted or edited?)", field=where)
 
     # -- every run ------------------------------------------------------------------------------------
     def bind(self, flat: list) -> None:
