@@ -109,3 +109,16 @@ def test_registered_operator_resolves_in_a_reference_graph():
         runtime_ops.unregister_operator(op)
     with pytest.raises(GraphDataError):
         resolve_target("edgetorch_test_i23_ref::plus_one.default")
+
+
+def test_an_attribute_offset_moved_by_one_byte_is_refused(artifacts):
+    """An attribute's offset moved inside the tensor blob (unaligned, inside a float): every weight would shift."""
+    with open(artifacts["etrecord"], "rb") as f:
+        data = f.read()
+
+    def edit(doc: dict) -> None:
+        doc["attrs"][0]["tensor"]["offset"] += 1
+
+    bad = _edit_reference(data, "reference/0.json", edit)
+    with pytest.raises(ETRecordFormatError, match="offset 1 is not a multiple of 64"):
+        parse_etrecord(bad).reference_graph("forward")

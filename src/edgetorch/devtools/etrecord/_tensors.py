@@ -185,6 +185,9 @@ def check_record(rec: Any, blob_len: int, what: str) -> tuple[torch.dtype, list[
         raise TensorDataError(f"{what}: nbytes {nbytes} != {numel} elements x {itemsize} bytes")
     if offset + nbytes > blob_len:
         raise TensorDataError(f"{what}: bytes [{offset}, {offset + nbytes}) run past the blob ({blob_len} bytes)")
+    if nbytes and offset % ALIGNMENT:  # the writer starts every tensor at a multiple of 64: a moved offset
+        raise TensorDataError(f"{what}: offset {offset} is not a multiple of {ALIGNMENT} (every stored tensor "
+                              "starts 64-byte aligned; an offset moved inside another tensor would shift its values)")
     if not is_dense(shape, strides):
         raise TensorDataError(f"{what}: strides {strides} are not dense and non-overlapping for shape {shape}")
     return dtype, shape, strides, offset, nbytes
