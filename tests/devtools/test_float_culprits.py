@@ -75,3 +75,26 @@ def test_the_output_is_lost_from_the_first_row_at_0_db(table):
     edited["sqnr_db"] = edited["sqnr_db"].astype(object)
     edited.at[last, "sqnr_db"] = -2.0
     assert find_culprits(edited).attrs["lost_from"].startswith("last (")
+
+
+def test_inspect_prints_the_lost_layer_and_the_rows_set_apart(table):
+    from rich.console import Console
+
+    from edgetorch.cli.inspect import _signal_lines
+
+    _, df = table
+    edited = df.copy()
+    edited.attrs = dict(df.attrs)
+    bad = df.index[[m == "bad" for m in df["module"]]][0]
+    last = df.index[[m == "last" for m in df["module"]]][0]
+    for col, row, value in (("local_sqnr_db", bad, -math.inf), ("sqnr_db", last, -2.0)):
+        edited[col] = edited[col].astype(object)
+        edited.at[row, col] = value
+    console = Console(record=True, width=200)
+    _signal_lines(console, edited)
+    text = console.export_text()
+    assert "the output is lost from last (" in text
+    assert "1 row(s) without a float signal" in text and text.rstrip().endswith("bad")
+    console = Console(record=True, width=200)
+    _signal_lines(console, df)
+    assert console.export_text() == ""  # the clean table: nothing to add

@@ -237,11 +237,29 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
                       f"order ({df.attrs.get('samples')} sample(s); * worst)", args.rows,
                       {pos[i] for i in ranked.index})
     print_worst_layers(console, df, ranked, float_graph(inspector, method))
+    _signal_lines(console, df)
     if args.impact:
         print_output_impact(console, df, args.worst)
     if inspector.observer_effect is not None:  # a delegate's values came from its exposing session
         console.print(observer_effect_line(inspector.observer_effect), highlight=False, markup=False)
     return df
+
+
+def _signal_lines(console: Any, df: Any) -> None:
+    """What ``find_culprits`` on the float table adds: where the output is lost, and the rows without a float
+    signal that the ranking sets apart."""
+    from edgetorch.devtools.inspector.culprits import float_culprits
+
+    found = float_culprits(df)
+    if found.attrs.get("lost_from"):
+        console.print(f"the output is lost from {found.attrs['lost_from']} on (accumulated SQNR <= 0 dB)",
+                      highlight=False, markup=False)
+    apart = found.attrs.get("no_signal")
+    silent = [] if apart is None else [i for i, r in zip(apart.index, apart["reason"]) if r.startswith("no float")]
+    if silent:
+        names = ", ".join(str(apart.at[i, "module"] or apart.at[i, "aot_ops"][0]) for i in silent[:5])
+        console.print(f"{len(silent)} row(s) without a float signal (local SQNR -inf: the float output is zero there) "
+                      f"are not ranked: {names}{' ...' if len(silent) > 5 else ''}", highlight=False, markup=False)
 
 
 def _float_hint(console: Any, inspector: Any, method: str, reference_graph: str | None) -> None:
