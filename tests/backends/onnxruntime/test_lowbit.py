@@ -25,10 +25,11 @@ pytest.importorskip("torchao")
 REL_TOL = 3e-2
 
 
-def _session(model, name):
+def _session(model, name, **options):
     inputs = llama_method_inputs(model.config)
     return export({"prefill": model, "decode": model}, {k: [v] for k, v in inputs.items()},
-                  ExportRecipe.get_recipe(OrtRecipeType[name]), dynamic_shapes=llama_dynamic_shapes(model.config))
+                  ExportRecipe.get_recipe(OrtRecipeType[name], **options),
+                  dynamic_shapes=llama_dynamic_shapes(model.config))
 
 
 def _onnx_models(session, method):
@@ -86,3 +87,13 @@ def test_ort_generation_matches_torchao_eager(model, name):
     err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(got.step_logits, want.step_logits))
     assert err <= REL_TOL
     assert torch.isfinite(torch.stack([s.reshape(-1) for s in got.step_logits])).all()
+
+
+def test_prefill_may_compute_in_float_while_decode_stays_int8(model):
+    session = _session(model, "TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR",
+                       compile_specs={"lowbit_dynamic_compute": b"float"})
+    levels = {}
+    for method in ("prefill", "decode"):
+        levels[method] = {a.i for proto, _ in _onnx_models(session, method) for n in proto.graph.node
+                          if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {"prefill": {0}, "decode": {4}}

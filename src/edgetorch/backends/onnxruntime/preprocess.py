@@ -59,6 +59,9 @@ COMPILE_SPEC_DEFAULTS: dict[str, str] = {
     # ORT intra-op threads spin-wait after each op: costs nothing measurable when fully delegated, but steals
     # the cores torch kernels between partitions need (ResNet-18 with 17 partitions: 556 ms vs 50 ms, 2 cores)
     "allow_spinning": "0",
+    # 8da4w linears (MatMulNBits) of dynamic-length partitions (a prefill): int8 compute as the recipe says, or
+    # float (faster for many rows on x86; see backends/onnxruntime/_lowbit.py)
+    "lowbit_dynamic_compute": "int8",
 }
 
 
@@ -595,7 +598,7 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, 
     _trim_unused_outputs(proto)
     _castlike_to_cast(proto, types)
     fuse_gelu(proto)
-    lower_lowbit_nodes(proto, external)
+    lower_lowbit_nodes(proto, external, specs["lowbit_dynamic_compute"])
     for name in _fold_weight_transposes(proto, set(tables["intermediates"])):
         tables["nodes"].pop(name, None)
     model_bytes = proto.SerializeToString()
