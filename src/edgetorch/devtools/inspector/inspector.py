@@ -364,7 +364,8 @@ class Inspector:
         the runtime's own inputs; ``rel_error`` / ``local_rel_error`` the same as relative L2 errors,
         ``noise_floor`` the relative error rounding explains and ``verdict`` exact / noise / real
         (``inspector.noise``; ``find_culprits`` keeps the real ones).
-        ``run`` picks which recorded execution (and representative input) to use.
+        ``run`` picks which recorded execution (and representative input) to use; for a program with mutable
+        state, a run that earlier calls changed the state of is replayed as ``execution`` does.
         ``execution`` (an index into ``self.executions``, any method) instead replays the reference on the
         recorded inputs of every execution up to that one, mutable state carried over (``method``, ``run`` and
         ``inputs`` are then ignored; see ``inspector.generation``).
@@ -388,6 +389,8 @@ class Inspector:
                                  "debug_buffer_size=<bytes>|'auto' or debug_buffer_path=... and run it again")
         if self._debug_buffer is None:
             raise InspectorError("calculate_numeric_gap needs the debug buffer: pass debug_buffer_path=...")
+        if execution is None and inputs is None:
+            execution = self._stateful_execution(method, run, reference_graph)
         if execution is not None:
             return self._replay(reference_graph).gap_table(execution, distance, local)
         if inputs is None:
@@ -434,6 +437,21 @@ class Inspector:
             method = "forward" if "forward" in runs or not runs else runs[0]
         return numeric_gap_over_samples(self._etrecord, program, samples, distance, method, top, reference_graph,
                                         progress)
+
+    def _stateful_execution(self, method: str, run: int, reference_graph: str | None) -> int | None:
+        """For a program with mutable state (a KV cache), the global execution index of ``method``'s call ``run``
+        when earlier calls changed the state it started from (issue 23: ``run=k`` compared call k against a
+        reference run from the initial state); None when the state is the initial one (or there is none)."""
+        from edgetorch.devtools.inspector.generation import _state_targets
+
+        gm, _ = self._reference(method, reference_graph)
+        if not _state_targets(gm):
+            return None
+        found = next((e.index for e in self.executions if e.method == method and e.run == run), None)
+        if found is None:
+            raise InspectorError(f"method '{method}' has no recorded run {run} (recorded: "
+                                 f"{sum(e.method == method for e in self.executions)})")
+        return found or None  # the first call of all starts from the initial state: the plain comparison
 
     # -- across executions (inspector.generation) ---------------------------------------------------------
     def _replay(self, reference_graph: str | None = None) -> Any:
