@@ -12,7 +12,12 @@ Two mechanisms, both on by default (``tests/conftest.py`` loads this plugin):
   above ``max_rss_gb`` (the marker's keyword, default 6) GiB resident it is killed and the test fails, naming the
   figure. The child's phases are reported in the parent as if they had run there (passed, failed, skipped).
 
-``EDGETORCH_TEST_NO_ISOLATION=1`` runs large-model tests in the main process (for debugging one of them).
+The growth guard is on when a run covers two test modules or more (``EDGETORCH_TEST_GUARD=1`` forces it on, ``0``
+off): before the first test it warms the process up once (the imports and a tiny export -> emission -> run, portable
+and ONNX Runtime), so that what the first module to use torch.export or ONNX Runtime pays once for the whole process
+is not counted as that module's growth (``EDGETORCH_TEST_WARMUP=0`` skips it). A run of one module is a developer's
+run: it is not guarded, as a module alone would be charged with all of that. ``EDGETORCH_TEST_NO_ISOLATION=1`` runs
+large-model tests in the main process (for debugging one of them).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _GuardState:
         self.start_rss = 0
         self.start_time = 0.0
         self.large_in_module = False
+        self.active = False
         # an isolated child neither guards nor logs (it would truncate the parent's log)
         self.log = None if os.environ.get(_CHILD_ENV) else os.environ.get("EDGETORCH_TEST_MEMORY_LOG")
         if self.log:
@@ -85,11 +91,35 @@ _STATE = pytest.StashKey[_GuardState]()
 # --------------------------------------------------------------------------- growth guard (main process)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    state = session.config.stash[_STATE]
+    setting = os.environ.get("EDGETORCH_TEST_GUARD", "auto")
+    modules = {item.nodeid.split("::")[0] for item in session.items}
+    state.active = not os.environ.get(_CHILD_ENV) and (setting == "1" or (setting == "auto" and len(modules) > 1))
+    if state.active and os.environ.get("EDGETORCH_TEST_WARMUP", "1") != "0":
+        _warm_up()
+
+
+def _warm_up() -> None:
+    """What every process pays once, whichever module comes first: imports, torch.export's and the emitter's first
+    use, ONNX Runtime's first session (about 200 MiB)."""
+    import torch
+
+    from edgetorch.backends.onnxruntime import OrtPartitioner
+    from edgetorch.exir import to_edge_transform_and_lower
+    from edgetorch.runtime import Runtime
+
+    model, inputs = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(1, 4),)
+    for partitioners in ([], [OrtPartitioner()]):
+        program = to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=partitioners)
+        Runtime.get().load_program(program.to_executorch().buffer).load_method("forward").execute(*inputs)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if os.environ.get(_CHILD_ENV):
-        return
     state = item.config.stash[_STATE]
+    if not state.active:
+        return
     module = item.nodeid.split("::")[0]
     if module != state.module:
         _trim()
@@ -108,9 +138,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 def _module_end_check(item: pytest.Item, nextitem: pytest.Item | None) -> str | None:
     """After the last test of a module (its fixtures torn down): the growth it left, checked against the limit."""
-    if os.environ.get(_CHILD_ENV):
-        return None
     state = item.config.stash[_STATE]
+    if not state.active:
+        return None
     # a large-model test that ran here (isolation off) may leave its module above the limit
     state.large_in_module |= _is_large(item) and bool(os.environ.get("EDGETORCH_TEST_NO_ISOLATION"))
     if nextitem is not None and nextitem.nodeid.split("::")[0] == state.module:

@@ -48,11 +48,12 @@ def test_isolated_over_bound():
 '''
 
 
-def _run(folder: Path, body: str, *args: str) -> subprocess.CompletedProcess:
+def _run(folder: Path, body: str, *args: str, guard: str = "1") -> subprocess.CompletedProcess:
     (folder / "conftest.py").write_text('pytest_plugins = ["_memory_guard"]\n')
     shutil.copy(PLUGIN, folder / "_memory_guard.py")
     (folder / "test_guarded.py").write_text(body)
-    env = dict(os.environ, PYTHONPATH=str(folder), EDGETORCH_TEST_MEMORY_LOG=str(folder / "log.tsv"))
+    env = dict(os.environ, PYTHONPATH=str(folder), EDGETORCH_TEST_MEMORY_LOG=str(folder / "log.tsv"),
+               EDGETORCH_TEST_GUARD=guard, EDGETORCH_TEST_WARMUP="0")
     env.pop("EDGETORCH_TEST_NO_ISOLATION", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=600)
@@ -91,3 +92,10 @@ def test_guard_passes_a_module_that_frees_what_it_allocates(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     growth = float((tmp_path / "log.tsv").read_text().splitlines()[1].split("\t")[3])
     assert growth < 100
+
+
+def test_a_run_of_one_module_is_not_guarded_by_default(tmp_path):
+    body = "import torch\n_KEEP = []\n\ndef test_leaks():\n    _KEEP.append(torch.ones(400 * 2**20 // 4))\n"
+    proc = _run(tmp_path, body, guard="auto")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "log.tsv").read_text().splitlines()[1:] == []  # nothing measured
