@@ -67,8 +67,18 @@ def test_custom_op_the_runtime_cannot_resolve_is_named():
     ep = torch.export.export(M(), (torch.randn(3),))
     epm = to_edge(ep)  # a registered custom op passes the verifier: it has a functional kernel
     et = epm.to_executorch()
+    from edgetorch.errors import OperatorNotAllowedError
     from edgetorch.runtime import Runtime
-    out = Runtime.get().load_program(et.buffer).load_method("forward").execute_structured(torch.ones(3))
+    from edgetorch.runtime.ops import register_operator, unregister_operator
+
+    # the runtime runs an operator off its allow-list only once the user registered it (issue 23)
+    with pytest.raises(OperatorNotAllowedError, match=r"instruction \d+ \(twice\) calls edgetorch_test::twice"):
+        Runtime.get().load_program(et.buffer).load_method("forward")
+    register_operator(torch.ops.edgetorch_test.twice.default)
+    try:
+        out = Runtime.get().load_program(et.buffer).load_method("forward").execute_structured(torch.ones(3))
+    finally:
+        unregister_operator(torch.ops.edgetorch_test.twice.default)
     assert torch.equal(out, torch.full((3,), 3.0))
 
 
