@@ -56,7 +56,13 @@ def test_the_table_worst_layers_tsv_and_report_match_the_api(files) -> None:  # 
             got, exp = _float(row[col]), float(want[col])
             assert (math.isnan(got) and math.isnan(exp)) or got == pytest.approx(exp, rel=1e-12, abs=0)
     html = report.read_text()
-    assert "id='quant'" in html and html.count("class=\"qbar") == api["local_sqnr_db"].notna().sum()
+    local = api["local_sqnr_db"].astype(float)
+    assert "id='quant'" in html and html.count("class=\"qbar") == local.map(math.isfinite).sum()
+    # the first section is the answer: the worst layer, before any table; exact rows are "exact" markers
+    assert re.findall(r"<h2 id='([^']+)'", html)[0] == "quant" and "Culprits" not in html
+    answer = html.split("class='answer'>", 1)[1].split("</p>", 1)[0]
+    assert f"<b>{', '.join(worst['aot_ops'])}</b>" in answer and html.index(answer) < html.index("<table id='quant'")
+    assert html.count('<g class="qexact"') == (local == math.inf).sum() > 0
     assert "graph_map[&#x27;float/forward&#x27;]" in html
 
 

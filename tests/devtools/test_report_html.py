@@ -387,7 +387,7 @@ def test_quant_section_names_the_worst_layers_in_rank_order(quant_table, tmp_pat
     worst = [pos[i] for i in ranked.index]
     assert re.findall(r"<li><a href='#q(\d+)'>", html) == [str(k) for k in worst]
     bars = _bars(html)
-    assert [r for r, _ in bars] == [k for k, v in enumerate(quant_table["local_sqnr_db"]) if not pd.isna(v)]
+    assert [r for r, _ in bars] == [k for k, v in enumerate(quant_table["local_sqnr_db"]) if math.isfinite(v)]
     assert sorted(r for r, w in bars if w) == sorted(worst)
     assert len(re.findall(r"<tr id='q\d+'", html)) == len(quant_table)
     assert len(re.findall(r"<tr id='q\d+' class='culprit'>", html)) == len(worst)
@@ -395,8 +395,11 @@ def test_quant_section_names_the_worst_layers_in_rank_order(quant_table, tmp_pat
     # SQNR) is drawn to the top and marked
     q = quant_table[quant_table["quantized"]]
     top = math.ceil(max(v for v in [*q["local_sqnr_db"], *q["sqnr_db"]] if math.isfinite(v)) / 10) * 10 + 10
-    beyond = [k for k, v in enumerate(quant_table["local_sqnr_db"]) if not pd.isna(v) and v > top]
-    assert html.count('class="qinf"') == len(beyond) and any(v == math.inf for v in quant_table["local_sqnr_db"])
+    beyond = [k for k, v in enumerate(quant_table["local_sqnr_db"]) if math.isfinite(v) and v > top]
+    assert html.count('class="qinf"') == len(beyond)
+    # an exact row (infinite local SQNR) is a marker labelled "exact", not a bar
+    exact = [k for k, v in enumerate(quant_table["local_sqnr_db"]) if v == math.inf]
+    assert exact and re.findall(r'<g class="qexact" data-row="(\d+)"', html) == [str(k) for k in exact]
     assert "<a href='#quant'>quantization</a>" in html
 
 
@@ -409,10 +412,10 @@ def test_quant_section_in_chromium(browser, quant_table, tmp_path) -> None:  # n
     path = write_report(tmp_path / "q.html", None, quant_df=quant_table)
     page, errors = _open(browser, str(path), 1280)
     bars = page.eval_on_selector_all("#sqnr rect.qbar", "els => els.map(e => e.getBoundingClientRect().height)")
-    assert len(bars) == quant_table["local_sqnr_db"].notna().sum() and all(h > 0 for h in bars)
+    local = quant_table["local_sqnr_db"].astype(float)
+    assert len(bars) == local.map(math.isfinite).sum() and all(h > 0 for h in bars)
     # a higher local SQNR draws a taller bar
-    finite = [(float(v), h) for v, h in zip(quant_table["local_sqnr_db"].dropna(), bars, strict=True)
-              if math.isfinite(v)]
+    finite = list(zip([v for v in local if math.isfinite(v)], bars, strict=True))
     assert [h for _, h in sorted(finite)] == sorted(h for _, h in finite)
     # sorting by local SQNR puts the worst layer first
     page.click("#quant thead th:nth-child(5)")
@@ -421,3 +424,66 @@ def test_quant_section_in_chromium(browser, quant_table, tmp_path) -> None:  # n
     assert errors == []
     phone, errors = _open(browser, str(path), 390)
     assert phone.evaluate("document.documentElement.scrollWidth") <= 390 and errors == []
+
+
+# -- an INT8 program's report leads with its float-model answer ----------------------------------------------------
+
+def _h2_ids(html: str) -> list[str]:
+    return re.findall(r"<h2 id='([^']+)'", html)
+
+
+def _worst_name(table: pd.DataFrame) -> str:
+    from edgetorch.devtools.inspector.culprits import find_culprits
+
+    return ", ".join(find_culprits(table, top=1).iloc[0]["aot_ops"])
+
+
+def test_an_int8_report_leads_with_the_float_ranking(run, quant_table, tmp_path) -> None:  # noqa: ANN001
+    """With a float-reference table the first section is the float-model ranking naming the worst layer, and the
+    comparison with the program itself follows under its own heading; a float table passed as gap_df is routed
+    there too."""
+    worst = _worst_name(quant_table)
+    html = open(write_report(tmp_path / "both.html", run.df, quant_df=quant_table,
+                             etrecord=run.inspector.etrecord)).read()
+    ids = _h2_ids(html)
+    assert ids[:2] == ["quant", "self"] and ids.index("culprits") > 1
+    first = html.split("<h2 id='self'>", 1)[0]
+    assert "Worst layer: <a href='#q" in first and worst in first.split("class='answer'>", 1)[1][:400]
+    assert html.index("<a href='#quant'>") < html.index("<a href='#culprits'>")
+    alone = open(write_report(tmp_path / "alone.html", quant_table)).read()
+    assert _h2_ids(alone)[0] == "quant" and "id='culprits'" not in alone and worst in alone
+
+
+def test_the_first_section_says_where_the_output_is_lost_and_what_is_not_ranked(quant_table, tmp_path) -> None:  # noqa: ANN001
+    from edgetorch.devtools.inspector.culprits import find_culprits
+
+    df = quant_table.copy()
+    df.attrs = dict(quant_table.attrs)
+    finite = [i for i, v in zip(df.index, df["local_sqnr_db"], strict=True) if math.isfinite(v)]
+    lost, silent = finite[-1], finite[0]
+    df.iloc[df.index.get_loc(lost):, df.columns.get_loc("sqnr_db")] = -3.0  # from here on the noise exceeds the signal
+    df.at[silent, "local_sqnr_db"] = -math.inf  # a float output that is zero: no signal
+    found = find_culprits(df)
+    html = open(write_report(tmp_path / "lost.html", None, quant_df=df)).read()
+    head = html.split("<h3>", 1)[0]
+    assert f"The output is lost from {found.attrs['lost_from']}" in head.replace("&#x27;", "'")
+    assert "without a float signal" in head and "exact (no quantization error)" in head
+    pos = list(df.index).index(silent)
+    assert re.findall(r'<g class="qnosig" data-row="(\d+)"', html) == [str(pos)]
+    assert f'data-row="{pos}" x=' not in html  # no bar for it
+
+
+def test_the_int8_first_screen_in_chromium(browser, run, quant_table, tmp_path) -> None:  # noqa: ANN001
+    """On a 1280x900 screen the first heading is the float-model section and the worst layer is visible; exact
+    rows are drawn as "exact" markers, not as bars."""
+    path = write_report(tmp_path / "s.html", run.df, quant_df=quant_table, etrecord=run.inspector.etrecord)
+    page, errors = _open(browser, str(path), 1280)
+    assert page.eval_on_selector("h2", "h => h.id") == "quant"
+    answer = page.locator("p.answer").first
+    assert _worst_name(quant_table) in answer.inner_text()
+    assert answer.bounding_box()["y"] + answer.bounding_box()["height"] <= 900
+    marks = page.eval_on_selector_all("#sqnr g.qexact", "gs => gs.map(g => g.textContent)")
+    assert marks and all("exact" in m for m in marks)
+    row = page.eval_on_selector("#sqnr g.qexact", "g => g.dataset.row")
+    assert page.locator(f"#sqnr rect.qbar[data-row='{row}']").count() == 0
+    assert errors == []

@@ -431,6 +431,11 @@ def _summary(summary: dict[str, Any] | None, df: pd.DataFrame | None) -> str:
                                                 for k, v in items.items()) + "</table>"
 
 
+_SELF = ("<h2 id='self'>The runtime against the quantized program itself</h2><p>The sections below compare the "
+         "runtime with the (fake-)quantized program it ran, not with the float model: they find kernel and runtime "
+         "faults, not quantization error (that is the section above). On the portable backend they are near 0.</p>")
+
+
 def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_df: pd.DataFrame | None = None,
                  title: str = "edgetorch numerical debugging report", summary: dict[str, Any] | None = None,
                  threshold: float | None = None, generation_df: pd.DataFrame | None = None, *,
@@ -445,7 +450,10 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
     (``Inspector.generation_gaps()``) adds the final-output gap per execution when it has more than one.
     ``max_page_nodes`` bounds the nodes drawn on one graph page. ``quant_df``: a float-reference gap table
     (``calculate_numeric_gap(distance, reference_graph="float")``) adds the quantization section: the worst
-    layers, local and accumulated SQNR along the graph, and the per-layer table."""
+    layers, local and accumulated SQNR along the graph, and the per-layer table. With ``quant_df`` (or a
+    float-reference table passed as ``gap_df``) the report leads with that section, the answer for an INT8
+    program: the worst layer, where the output is lost, what is not ranked; the comparison of the runtime with
+    the quantized program itself (``gap_df``) follows it."""
     if max_page_nodes < 2:
         raise ReportError(f"max_page_nodes must be >= 2, got {max_page_nodes}")
     if gap_df is not None and not isinstance(gap_df, pd.DataFrame):
@@ -453,6 +461,8 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
     if quant_df is not None and not (isinstance(quant_df, pd.DataFrame) and is_float_reference(quant_df)):
         raise ReportError("quant_df must be a float-reference gap table (calculate_numeric_gap(..., "
                           f"reference_graph='float')), got {type(quant_df).__name__}")
+    if quant_df is None and gap_df is not None and is_float_reference(gap_df):  # the float table as gap_df
+        gap_df, quant_df, culprits = None, gap_df, None
     traces = _Traces()
     body, nodes = [], {}
     head_df = gap_df if gap_df is not None else quant_df
@@ -462,12 +472,13 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
         parts, nodes = _gap_sections(gap_df, culprits, _resolve_graph(graph, etrecord, gap_df), threshold, traces,
                                      max_page_nodes)
         body = parts[:1] + body + parts[1:]
-    if quant_df is not None:
-        body.append(quant_section(quant_df))
+    if quant_df is not None:  # the answer of an INT8 program is its float-model ranking: first
+        body = [quant_section(quant_df)] + ([_SELF] if body else []) + body
     if profile_df is not None and not profile_df.empty:
         body += ["<h2 id='profile'>Profile: slowest ops (median)</h2>", profile_chart_svg(profile_df)]
-    sections = (("culprits", "culprits"), ("samples", "samples"), ("steps", "steps"), ("graph", "graph"),
-                ("table", "table"), ("quant", "quantization"), ("profile", "profile"))
+    sections = (("quant", "quantization"), ("self", "program vs itself"), ("culprits", "culprits"),
+                ("samples", "samples"), ("steps", "steps"), ("graph", "graph"), ("table", "table"),
+                ("profile", "profile"))
     nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in sections if f"id='{a}'" in "".join(body))
     data = json.dumps({"nodes": nodes, "traces": traces.items}, separators=(",", ":")).replace("</", "<\\/")
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "

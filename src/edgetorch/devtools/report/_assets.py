@@ -23,6 +23,7 @@ details{font-size:11px}pre{white-space:pre-wrap;margin:2px 0;font-size:11px}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle;border:1px solid #aaa}
 p.warn{background:#fff3cd;padding:6px;border-left:4px solid #e0a800}
+p.answer{font-size:15px;margin:6px 0}p.answer.lost{background:#fff0f6;padding:6px;border-left:4px solid #a61e4d}
 svg.chart,svg.generation{max-width:100%;height:auto}
 .gbox{display:grid;grid-template-columns:minmax(0,1fr) 340px;gap:10px}
 @media (max-width:800px){.gbox{grid-template-columns:minmax(0,1fr)}}

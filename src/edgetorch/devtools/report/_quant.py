@@ -35,20 +35,28 @@ def _name(row: pd.Series) -> str:
     return ", ".join(map(str, ops)) if isinstance(ops, (list, tuple)) else str(ops)
 
 
+def ranking(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    """``find_culprits`` on the float-reference table (``culprits.float_culprits``): the ``top`` quantized rows
+    with a finite local SQNR, lowest first, with ``attrs["lost_from"]`` and ``attrs["no_signal"]``."""
+    from edgetorch.devtools.inspector.culprits import float_culprits
+
+    return float_culprits(df, top)
+
+
 def worst_rows(df: pd.DataFrame, top: int = 5) -> list[int]:
     """Positions (0-based, graph order) of the ``top`` worst quantized rows, worst first."""
     if df.empty:
         return []
-    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits  # imports torchao
-
     pos = {label: k for k, label in enumerate(df.index)}
-    return [pos[i] for i in rank_quantization_culprits(df, top).index]
+    return [pos[i] for i in ranking(df, top).index]
 
 
 def sqnr_chart_svg(df: pd.DataFrame, worst: list[int], width: int = 1200, height: int = 260) -> str:
     """One bar per row: its local SQNR (dB), the worst rows red; a line: the accumulated SQNR. The scale ends
-    10 dB above the quantized rows' best; a bar beyond it (a float row's rounding-level error, or no error:
-    infinite SQNR) is drawn to the top and marked with a triangle. Rows with neither value are gaps."""
+    10 dB above the quantized rows' best; a finite bar beyond it (a float row's rounding-level error) is drawn to
+    the top and marked with a triangle. A row without a finite local SQNR gets a marker on the 0 dB line, not a
+    bar: "exact" (a circle, infinite SQNR: no error) or "no signal" (a cross: -inf, the float output is zero
+    there, or NaN, not compared)."""
     local = [_db(v) for v in df["local_sqnr_db"]]
     acc = [_db(v) for v in df["sqnr_db"]]
     finite = [v for v in local + acc if v is not None and math.isfinite(v)]
@@ -74,7 +82,8 @@ def sqnr_chart_svg(df: pd.DataFrame, worst: list[int], width: int = 1200, height
                      f'<text x="{pad_l - 6}" y="{y(t) + 4:.1f}" font-size="10" text-anchor="end">{t} dB</text>')
     bad = set(worst)
     for i, v in enumerate(local):
-        if v is None:
+        if v is None or math.isinf(v):  # exact (+inf) or no signal (-inf, nan): a marker, not a bar
+            parts.append(_marker(df.iloc[i], i, v, pad_l + (i + 0.5) * step, y(max(lo, 0.0)), step))
             continue
         row = df.iloc[i]
         top, base = y(v), y(max(lo, 0.0))
@@ -96,8 +105,29 @@ def sqnr_chart_svg(df: pd.DataFrame, worst: list[int], width: int = 1200, height
     legend = ('<div class="legend"><span><i class="sw" style="background:#4dabf7"></i>local SQNR (the op fed the '
               "runtime's inputs: the error its own quantization adds)</span><span><i class=\"sw\" "
               'style="background:#c92a2a"></i>worst layers</span><span><i class="sw" style="background:#212529">'
-              "</i>accumulated SQNR (runtime vs the float model)</span></div>")
+              "</i>accumulated SQNR (runtime vs the float model)</span><span><b style=\"color:#495057\">○</b> "
+              "exact (infinite SQNR: its quantization adds no error)</span><span><b style=\"color:#e67700\">×"
+              "</b> no signal (SQNR -inf: the float output is zero; or not compared)</span></div>")
     return legend + "".join(parts)
+
+
+def _marker(row: pd.Series, i: int, v: float | None, cx: float, cy: float, step: float) -> str:
+    """The chart's mark of a row without a finite local SQNR: a circle labelled "exact" (+inf) or a cross
+    labelled "no signal" (-inf / NaN); the label is written out where the rows are wide enough to read it."""
+    exact = v is not None and v > 0
+    what = ("exact: local SQNR ∞ (its quantization adds no error)" if exact else
+            "no signal: local SQNR -inf (the float output is zero there)" if v is not None else
+            "no signal: no local SQNR (not compared)")
+    tip = f"<title>{_e(f'#{i} {_name(row)[:100]}: {what}')}</title>"
+    label = "exact" if exact else "no signal"
+    text = (f'<text x="{cx:.1f}" y="{cy - 8:.1f}" font-size="9" text-anchor="start" '
+            f'transform="rotate(-90 {cx:.1f} {cy - 8:.1f})">{label}</text>' if step >= 9 else "")
+    if exact:
+        return (f'<g class="qexact" data-row="{i}"><circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="#fff" '
+                f'stroke="#495057" stroke-width="1.2"/>{text}{tip}</g>')
+    return (f'<g class="qnosig" data-row="{i}"><path d="M{cx - 3:.1f},{cy - 3:.1f} L{cx + 3:.1f},{cy + 3:.1f} '
+            f'M{cx - 3:.1f},{cy + 3:.1f} L{cx + 3:.1f},{cy - 3:.1f}" stroke="#e67700" stroke-width="1.5"/>'
+            f'{text}{tip}</g>')
 
 
 def _fmt_db(v: float | None) -> str:
@@ -150,8 +180,41 @@ def _table(df: pd.DataFrame, worst: list[int]) -> str:
             + "".join(rows) + "</tbody></table></div>")
 
 
+def _answer(df: pd.DataFrame, worst: list[int]) -> str:
+    """The section's first lines: the worst layer, where the output is lost (accumulated SQNR <= 0 dB), and the
+    rows the ranking sets apart (no float signal, exact)."""
+    found = ranking(df, 1)
+    out = []
+    if worst:
+        row = df.iloc[worst[0]]
+        module = row.get("module") or ""
+        out.append(f"<p class='answer'>Worst layer: <a href='#q{worst[0]}'><b>{_e(_name(row))}</b></a>"
+                   f"{' in <code>' + _e(module) + '</code>' if module else ''} (local SQNR "
+                   f"{_fmt_db(_db(row['local_sqnr_db']))} dB: its own quantization adds the most error).</p>")
+    lost = found.attrs.get("lost_from")
+    if lost:
+        out.append(f"<p class='answer lost'><b>The output is lost from {_e(lost)} on</b> (accumulated SQNR "
+                   "&le; 0 dB: the quantization noise is as large as the float signal from there).</p>")
+    apart = found.attrs.get("no_signal")
+    if apart is not None and len(apart):
+        reasons = list(apart["reason"])
+        silent = [i for i, r in zip(apart.index, reasons, strict=True) if not r.startswith(("exact", "no local"))]
+        exact = sum(r.startswith("exact") for r in reasons)
+        names = ", ".join(_e(apart.at[i, "module"] if "module" in apart.columns and apart.at[i, "module"]
+                             else _name(apart.loc[i])) for i in silent[:5])
+        names = f": {names}{' ...' if len(silent) > 5 else ''}" if names else ""
+        other = len(reasons) - len(silent) - exact
+        parts = [f"{len(silent)} without a float signal (local SQNR -inf: the float output is zero there, any "
+                 f"error is infinite relative to it){names}" if silent else "",
+                 f"{exact} exact (no quantization error)" if exact else "",
+                 f"{other} not compared" if other else ""]
+        out.append(f"<p class='nosignal'>Not ranked: {'; '.join(p for p in parts if p)}.</p>")
+    return "".join(out)
+
+
 def quant_section(df: pd.DataFrame, top: int = 5) -> str:
-    """The HTML of the quantization section of a float-reference gap table."""
+    """The HTML of the quantization section of a float-reference gap table: the answer first (the worst layer,
+    where the output is lost, what is not ranked), then the worst layers, the chart and the per-layer table."""
     worst = worst_rows(df, top)
     samples = df.attrs.get("samples")
     note = (f"<p>{len(df)} float ops, {_e(samples)} sample(s); {int(df['quantized'].sum())} quantized. SQNR: "
@@ -160,8 +223,8 @@ def quant_section(df: pd.DataFrame, top: int = 5) -> str:
     if "output_impact" in df.columns:
         impact = ("<h3>Costing the output most (each layer's own error alone injected into the float model: output "
                   "noise / output signal)</h3>" + _impact_list(df, top))
-    return ("<h2 id='quant'>Quantization error per layer (against the float model)</h2>" + note
-            + "<h3>Worst layers (lowest local SQNR)</h3>" + _worst_list(df, worst) + impact
+    return ("<h2 id='quant'>Quantization error per layer (against the float model)</h2>" + _answer(df, worst)
+            + "<h3>Worst layers (lowest local SQNR)</h3>" + _worst_list(df, worst) + impact + note
             + sqnr_chart_svg(df, worst) + _table(df, worst))
 
 
