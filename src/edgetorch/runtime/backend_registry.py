@@ -16,6 +16,36 @@ from edgetorch.errors import EdgeTorchError
 
 
 class BackendRuntime(Protocol):
+    """The runtime side of a delegate backend: what a ``DELEGATE_CALL`` instruction runs (the backend contract,
+    docs/architecture.md).
+
+    **Where it lives, what it may import.** ``edgetorch/backends/<name>/runtime.py`` defines it and calls
+    ``register_backend`` at import; ``get_backend(name)`` imports that module on first use. It and everything it
+    imports (even inside functions) may use ``edgetorch.errors``/bottom modules, ``edgetorch.formats``,
+    ``edgetorch.runtime`` and the backend's own helper modules, never the compiler (``edgetorch.exir``), the
+    export session, the models, the developer tools or the CLI, nor AOT-only packages (torchao, transformers,
+    onnxscript, ``torch.onnx``), nor its own ahead-of-time modules (``preprocess``, ``partitioner``, ``ops``).
+    The package ``__init__`` of ``backends/<name>`` imports neither side eagerly (a lazy ``__getattr__`` may hand
+    out the partitioner). ``tests/test_architecture.py`` checks the imports statically and
+    ``tests/test_backend_contract.py`` runs a program of every backend in a fresh process.
+
+    **Lifecycle.** ``init`` once per delegate when a method loads; optional ``observe(handle, observer)`` when an
+    observer attaches to or detaches from (None) the method, before any run with it
+    (``observe_delegate``); ``execute`` per run of the instruction, on the calling thread.
+
+    **What a delegate logs.** With an observer, ``execute`` gets it as ``tracer`` and may call, looked up with
+    ``getattr`` (an observer need not have them) and only while its ``DELEGATE_CALL`` runs, the
+    ``runtime.observer.DelegateEvents``: ``log_delegate_profile(id, start_ns, end_ns, metadata)``,
+    ``log_delegate_output(id, value, snapshot=)`` and ``delegate_output_buffer(shape, dtype)``. ``id`` (the
+    delegate debug id: an int >= 0 or a non-empty str) of an output is a key of the ``debug_handle_map`` its
+    ``PreprocessResult`` declared, which is how the Inspector finds the edge ops (``HandleGroup`` of kind
+    ``in_delegate``) a value belongs to; a profile event may use an engine's own name, and an id outside the map
+    (the onnxruntime backend's ``"observer_effect"``) is kept but maps to no op. A handle that logs values
+    declares ``debug_buffer_bytes`` (int: what one traced call logs, ``formats.alignment.debug_bytes`` of its
+    tensors' sizes; the same number as ``PreprocessResult.debug_buffer_bytes``) so that the tracer reserves it
+    before the run.
+    """
+
     name: str
 
     def init(self, processed: memoryview, compile_specs: dict[str, bytes]) -> Any:

@@ -8,19 +8,16 @@ Example::
 
     et = to_edge_transform_and_lower(torch.export.export(model, args), partitioner=[OrtPartitioner()]).to_executorch()
 
-The compiler side is imported lazily so that the runtime (``.runtime``) loads without the compiler stack;
-the AOT side registers itself as soon as the compiler is present.
+This package imports neither side eagerly (the backend contract, docs/architecture.md): the runtime loads
+``.runtime`` alone, without the compiler stack, and the compiler imports ``.preprocess`` (which registers
+``OrtBackend``) when it first looks the backend up (``exir.backend.get_backend_details``).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 __all__ = ["OrtBackend", "OrtPartitioner"]
-
-if "edgetorch.exir.backend.backend_details" in sys.modules:  # lowering is under way: register OrtBackend now
-    from edgetorch.backends.onnxruntime import preprocess as _preprocess  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

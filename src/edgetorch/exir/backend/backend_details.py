@@ -48,9 +48,14 @@ def register_backend_details(backend: type[BackendDetails]) -> type[BackendDetai
 
 
 def get_backend_details(backend_id: str) -> type[BackendDetails]:
-    if backend_id not in _BACKENDS:
+    """The AOT side registered as ``backend_id``; if absent, ``edgetorch.backends.<backend_id>.preprocess`` (the
+    backend's ahead-of-time module, by convention) is imported once, then the package itself. A backend's package
+    ``__init__`` imports neither of its sides eagerly, so that its runtime side loads without the compiler."""
+    for module in (f"edgetorch.backends.{backend_id}.preprocess", f"edgetorch.backends.{backend_id}"):
+        if backend_id in _BACKENDS:
+            break
         try:
-            importlib.import_module(f"edgetorch.backends.{backend_id}")
+            importlib.import_module(module)
         except ImportError:
             pass
     if backend_id not in _BACKENDS:
