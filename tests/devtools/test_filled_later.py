@@ -5,13 +5,11 @@ start from the runtime's bytes. A clean portable program then names no culprit."
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from edgetorch.devtools import Inspector
 from edgetorch.exir import to_edge_transform_and_lower
 from edgetorch.runtime import Runtime
-from edgetorch.runtime.ops import register_operator, unregister_operator
 
 
 class ShiftedWindowMask(torch.nn.Module):
@@ -74,19 +72,7 @@ def test_a_mask_written_through_slices_is_compared_as_zeros(tmp_path):
     assert all(v == "exact" for v in df["verdict"])  # the portable kernels are ATen's
 
 
-@pytest.fixture
-def empty_ops():
-    """The runtime refuses ``empty*`` by default (uninitialised memory); a user registers them to run such a
-    model, as here."""
-    ops = [torch.ops.aten.empty_permuted.default, torch.ops.aten.empty_like.default]
-    for op in ops:
-        register_operator(op)
-    yield
-    for op in ops:
-        unregister_operator(op)
-
-
-def test_empty_like_filled_later_is_no_culprit(tmp_path, empty_ops):
+def test_empty_like_filled_later_is_no_culprit(tmp_path):
     torch.manual_seed(0)
     model, x = EmptyThenFilled().eval(), torch.randn(1, 8, 8)
     insp, out = _inspect(model, x, tmp_path)

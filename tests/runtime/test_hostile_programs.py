@@ -87,7 +87,7 @@ def test_from_file_read_is_refused(mlp, tmp_path, level):
 
 
 @pytest.mark.parametrize("name,overload", [
-    ("aten::_print", "default"), ("aten::set_", "source_Storage"), ("aten::empty", "memory_format"),
+    ("aten::_print", "default"), ("aten::set_", "source_Storage"), ("aten::resize_as_", "default"),
     ("aten::resize_", "default"), ("debugprims::load_tensor", "default"), ("prims::add", "default"),
     ("profiler::_record_function_enter_new", "default"), ("quantized::add", "default"),
     ("aten::__class__", "default"), ("os::system", "default"),

@@ -45,6 +45,7 @@ from edgetorch.errors import DebugBufferOverflowError, KernelError, ProgramForma
 from edgetorch.formats import plan_check
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
+from edgetorch.formats.operators import ZERO_FILLED_ALLOCATIONS
 from edgetorch.runtime import _treespec
 from edgetorch.runtime._copy import clone, copy_into
 from edgetorch.runtime._inputs import bind_keywords, check_tensor_input
@@ -267,6 +268,8 @@ class Method:
             if not isinstance(t, torch.Tensor):
                 raise ProgramFormatError(f"method '{self.name}': instruction {k} ({ins.node_name}) writes value {o}, "
                                          "which is not a planned tensor", field=f"{self.name}.values[{o}]")
+        if f"{opdef.name}.{opdef.overload or 'default'}" in ZERO_FILLED_ALLOCATIONS:
+            return functools.partial(_zero_fill, out_tensors)  # torch.empty*: never hand out unwritten bytes
         if c.kind == pf.CALL_OUT:
             if len(out_args) == 1 and isinstance(out_args[0].type, torch.ListType):
                 kw[out_args[0].name] = out_tensors
@@ -673,3 +676,9 @@ def _shape_text(info: TensorInfo, slot: torch.Tensor) -> str:
     if not info.dynamic_dims:
         return str(list(info.shape))
     return " x ".join(f"<= {s}" if d in info.dynamic_dims else str(s) for d, s in enumerate(info.shape))
+
+
+def _zero_fill(out_tensors: list[torch.Tensor]) -> None:
+    """What an ``empty*`` allocation instruction does here (``formats.operators.ZERO_FILLED_ALLOCATIONS``)."""
+    for t in out_tensors:
+        t.zero_()
