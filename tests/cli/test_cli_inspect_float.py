@@ -114,11 +114,23 @@ def test_output_impact_column_list_and_report(files, tmp_path) -> None:  # noqa:
     assert re.findall(r"<b>(.*?)</b>", listed) == [names[h] for h in order[:5]]
 
 
-def test_the_edge_table_of_a_quantized_program_points_to_the_float_model(files) -> None:  # noqa: ANN001
+def test_the_edge_table_of_a_quantized_program_points_to_the_float_model(files, tmp_path) -> None:  # noqa: ANN001
+    """Without --reference-graph the terminal says how to compare with the float model, and the report leads with
+    the float-model ranking anyway; the program compared with itself follows under its own heading."""
     _, (rec, etdump, debug) = files
-    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap", "--rows", "3")
+    report = tmp_path / "self.html"
+    r = cli("inspect", "--etdump", etdump, "--etrecord", rec, "--debug-buffer", debug, "--gap", "--rows", "3",
+            "--report", str(report))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--reference-graph float shows what each layer's quantization costs" in r.stdout
+    assert "the report leads with the float-model ranking" in r.stdout
+    html = report.read_text()
+    api = Inspector(etdump_path=etdump, etrecord=rec, debug_buffer_path=debug).calculate_numeric_gap(
+        "MSE", reference_graph="float")
+    worst = ", ".join(rank_quantization_culprits(api, 1).iloc[0]["aot_ops"])
+    ids = re.findall(r"<h2 id='([^']+)'", html)
+    assert ids[:2] == ["quant", "self"] and "culprits" in ids
+    assert f"<b>{worst}</b>" in html.split("class='answer'>", 1)[1].split("</p>", 1)[0]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

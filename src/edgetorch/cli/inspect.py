@@ -271,6 +271,26 @@ def _float_hint(console: Any, inspector: Any, method: str, reference_graph: str 
                       "shows what each layer's quantization costs", highlight=False, markup=False)
 
 
+def _report_float_table(inspector: Any, args: argparse.Namespace, method: str, console: Any) -> Any:
+    """For the report of a quantized program whose ETRecord holds its float model (``--gap`` without
+    ``--reference-graph``, one execution, the first run): the float-reference table, so that the report leads
+    with the float-model ranking (the program compared with itself follows); None otherwise or when it fails."""
+    from edgetorch.errors import EdgeTorchError
+
+    rec = inspector.etrecord
+    if (args.reference_graph is not None or args.execution is not None or args.run != 0 or rec is None
+            or f"float/{method}" not in rec.graph_map_names()):
+        return None
+    try:
+        df = inspector.calculate_numeric_gap(args.gap, method=method, reference_graph="float")
+    except EdgeTorchError as e:
+        console.print(f"the report has no float-model section: {e}", highlight=False, markup=False)
+        return None
+    console.print("the report leads with the float-model ranking (as --reference-graph float)", highlight=False,
+                  markup=False)
+    return df
+
+
 def _culprits(inspector: Any, gap_df: Any) -> Any:
     """``find_culprits`` over the whole table (None when it cannot rank this table)."""
     from edgetorch.errors import EdgeTorchError
@@ -406,16 +426,19 @@ def _write_outputs(args: argparse.Namespace, inspector: Any, console: Any, steps
         if args.report:
             from edgetorch.devtools.report import write_report
 
+            if quant_df is None and gap_df is not None:
+                quant_df = _report_float_table(inspector, args, method, console)
             with steps:
                 steps.next("writing the HTML report")
                 summary = {"ETDump": args.etdump, "ETRecord": args.etrecord or "", "method": method}
                 if quant_df is not None:
-                    summary["reference"] = "the float model (graph_map['float/" + method + "'])"
+                    summary["reference" if gap_df is None else "first section against"] = (
+                        "the float model (graph_map['float/" + method + "'])")
                     if inspector.observer_effect is not None:
                         summary["observer effect"] = observer_effect_line(inspector.observer_effect)
                 if gap_df is not None and inspector.last_gap_coverage is not None:
                     summary["coverage"] = inspector.last_gap_coverage.summary()
-                if generation_df is None and quant_df is None:
+                if generation_df is None and args.reference_graph != "float":
                     generation_df = _generation_gaps(inspector, args.gap or "MSE")
                 write_report(args.report, gap_df, inspector.to_dataframe(), summary=summary,
                              title=f"edgetorch inspect: {os.path.basename(args.etdump)}",
