@@ -252,6 +252,15 @@ class ETRecord:
         order ops, custom objects). The GraphModule is cached: treat it as read-only."""
         return self._graph_view("aten", method)
 
+    def aten_handle_bound(self, method: str = "forward") -> set[int] | None:
+        """Before the ATen program of ``method`` is loaded: a superset of the debug handles its
+        ``reference_graph`` will carry, read without deserializing it (a reference record's documents); None
+        when unknown (already loaded, or a record that cannot tell)."""
+        if self._lazy is None or self._roles["aten"] is not None:
+            return None
+        bound = getattr(self._lazy, "aten_handle_bound", None)
+        return bound(method) if bound is not None else None
+
     def edge_reference_graph(self, method: str = "forward") -> torch.fx.GraphModule | None:
         """The edge program of ``method`` (before lowering) as a runnable flat ``GraphModule``, like
         ``reference_graph`` for the ATen program: loads in milliseconds from a parsed record, without

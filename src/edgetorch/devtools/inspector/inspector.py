@@ -331,12 +331,17 @@ class Inspector:
     def _reference(self, method: str, reference_graph: str | None) -> tuple[torch.fx.GraphModule, str]:
         rec = self._etrecord
         if reference_graph in (None, "exported_program"):
-            gm = rec.reference_graph(method)
+            edge_handles = set(self._nodes_by_handle(method))
+            # a reference record tells, from its documents, when the ATen program cannot carry every handle:
+            # it is then not deserialized at all (the choice is the same)
+            bound = rec.aten_handle_bound(method) if reference_graph is None else None
+            lacking = bound is not None and not edge_handles <= bound | {0}
+            gm = None if lacking else rec.reference_graph(method)
             if gm is not None:
                 last, _ = reference_handles(gm)
-                edge_handles = set(self._nodes_by_handle(method))
                 if last and edge_handles <= set(last) | {0}:
                     return gm, "exported_program"
+            if gm is not None or lacking:
                 log.info("the ATen program of '%s' lacks some debug handles; using the edge program", method)
             elif reference_graph == "exported_program":
                 raise InspectorError(f"the ETRecord holds no ATen program for method '{method}'")

@@ -82,13 +82,16 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2.0
 
 
-def rel_error(ref: torch.Tensor, rt: torch.Tensor) -> float | None:
+def rel_error(ref: torch.Tensor, rt: torch.Tensor, equal: bool | None = None) -> float | None:
     """``||rt - ref||_2 / max(||ref||_2, tiny)`` in float64 (equal elements, equal infinities too, count 0);
-    None for integer/bool tensors."""
+    None for integer/bool tensors. ``equal``: whether both are bit-identical (same dtype and values), when the
+    caller knows it (spares a comparison pass)."""
     if not ref.dtype.is_floating_point:
         return None
     a, b = ref.detach().reshape(-1), rt.detach().reshape(-1)
-    if not a.numel() or (a.dtype == b.dtype and torch.equal(a, b)):
+    if equal is not None and a.dtype != b.dtype:
+        equal = False
+    if not a.numel() or (a.dtype == b.dtype and (torch.equal(a, b) if equal is None else equal)):
         return 0.0
     a = a.double()
     d = a - b  # b is promoted element by element: the difference is exact in float64

@@ -320,7 +320,10 @@ class _JointWalk(torch.fx.Interpreter):
             self.same[h] = torch.equal(vals[0], outs[0])
         if all(i in assigned for i, o in enumerate(outs) if isinstance(o, torch.Tensor)):
             self.exact.add(n)
-        if all(v is o or (isinstance(v, torch.Tensor) and torch.equal(v, o)) for v, o in zip(vals, outs)):
+        known = self.same.get(h) if 0 in assigned else None  # output 0 compared just above
+        if all(v is o or (isinstance(v, torch.Tensor) and (known if i == 0 and known is not None
+                                                             else torch.equal(v, o)))
+               for i, (v, o) in enumerate(zip(vals, outs))):
             self.rt_env.pop(n, None)
         else:
             self.rt_env[n] = type(out)(vals) if multi else vals[0]
@@ -447,10 +450,12 @@ def _delegated(e: RuntimeEntry) -> bool:
 
 
 def _scale_columns(ref: torch.Tensor, rt: torch.Tensor, lref: torch.Tensor | None, metric: str,
-                   mismatches: int | None, lgap: float | None, units: float, delegated: bool) -> dict[str, Any]:
-    """rel_error, local_rel_error, noise_floor and verdict of one row."""
+                   mismatches: int | None, lgap: float | None, units: float, delegated: bool,
+                   same: bool | None = None) -> dict[str, Any]:
+    """rel_error, local_rel_error, noise_floor and verdict of one row (``same``: whether ``ref`` and ``rt`` are
+    bit-identical, when the walk already compared them)."""
     exact_row = metric == EXACT_METRIC
-    rel = None if exact_row else rel_error(ref, rt)
+    rel = None if exact_row else rel_error(ref, rt, equal=same)
     lrel = None if exact_row or lref is None else (rel if lref is ref else rel_error(lref, rt))
     floor = None if exact_row else floor_from_units(units, ref.dtype, delegated)
     return {"rel_error": rel, "local_rel_error": lrel, "noise_floor": floor,
@@ -592,7 +597,7 @@ def _row(j: _Join, e: RuntimeEntry, h: int, ref: torch.Tensor, rt: torch.Tensor,
         lgap = compare_values(comparator, lref, rt)[0]
     node = j.last[h]
     scale = _scale_columns(ref, rt, lref if lgap is not None else None, metric, mismatches, lgap,
-                           j.walk.carry.get(node, 0.0), _delegated(e))
+                           j.walk.carry.get(node, 0.0), _delegated(e), same)
     return {
         "aot_debug_handle": tuple(group), "aot_ops": [n.name for x in group for n in j.nodes.get(x, [])],
         "aot_intermediate_output": ref, "runtime_ops": list(e.ops), "runtime_debug_handle": tuple(e.handles),

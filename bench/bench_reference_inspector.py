@@ -1,0 +1,92 @@
+"""edgetorch's Inspector against the reference's on the same reference (ExecuTorch) artifacts (issue 26).
+
+Usage: python bench/bench_reference_inspector.py --dir /tmp/vitb [--prefix v] [--runs 3]
+       [--reference-python /tmp/refvenv/bin/python] [--no-local] [--edgetorch-src OTHER/src]
+
+``DIR`` holds ``PREFIX.etdp``, ``PREFIX_etrecord.bin`` and ``PREFIX_debug.bin`` made by executorch (e.g. an XNNPACK
+ViT as ``tests/data/reference/make_reference_artifacts.py`` makes them: ``to_edge_transform_and_lower(...,
+generate_etrecord=True)``, ``update_representative_inputs``, a run with ``enable_etdump=True`` and a debug buffer).
+Every measurement runs in a fresh child process (edgetorch with this interpreter, the reference with
+``--reference-python``, an environment with executorch 1.5.1), alternating edgetorch / reference, and times
+Inspector construction + ``calculate_numeric_gap("MSE")`` after the imports (the lazily imported torch serde
+module counted as an import on both sides; wall and CPU seconds: torch's two-thread kernels wait for each other
+on a busy machine); the child reports its peak RSS (ru_maxrss). Medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+_CHILD = r"""
+import json, resource, sys, time
+which, d, p, local = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+if which == "edgetorch":
+    from edgetorch.devtools import Inspector
+else:
+    from executorch.devtools import Inspector
+import torch._export.serde.serialize  # noqa: F401  (imported lazily by both readers: counted as an import)
+t, c = time.perf_counter(), time.process_time()
+ins = Inspector(etdump_path=f"{d}/{p}.etdp", etrecord=f"{d}/{p}_etrecord.bin",
+                debug_buffer_path=f"{d}/{p}_debug.bin")
+kw = {} if which != "edgetorch" or local else {"local": False}
+df = ins.calculate_numeric_gap("MSE", **kw)
+dt, dc = time.perf_counter() - t, time.process_time() - c
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"s": dt, "cpu_s": dc, "rows": len(df), "rss_mb": rss}))
+"""
+
+
+def _child(python: str, which: str, args: argparse.Namespace, src: str | None) -> dict[str, float]:
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([python, "-c", _CHILD, which, args.dir, args.prefix, "0" if args.no_local else "1"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"{which} child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/tmp/vitb")
+    ap.add_argument("--prefix", default="v")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--reference-python", default="/tmp/refvenv/bin/python")
+    ap.add_argument("--no-local", action="store_true", help="edgetorch without local gaps")
+    ap.add_argument("--edgetorch-src", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))), "src"), help="the edgetorch sources to time")
+    ap.add_argument("--baseline-src", help="another edgetorch src/ (e.g. `git archive` of an earlier commit) timed "
+                    "in the same alternation, as 'baseline'")
+    args = ap.parse_args()
+    sides: dict[str, tuple[str, str, str | None]] = {"edgetorch": (sys.executable, "edgetorch", args.edgetorch_src)}
+    if args.baseline_src:
+        sides["baseline"] = (sys.executable, "edgetorch", args.baseline_src)
+    if os.path.exists(args.reference_python):
+        sides["reference"] = (args.reference_python, "reference", None)
+    res: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
+    for i in range(args.runs):  # alternating, one fresh process per measurement
+        for which, (python, kind, src) in sides.items():
+            r = _child(python, kind, args, src)
+            res[which].append(r)
+            print(f"run {i}: {which:9s} {r['s']:.2f} s (CPU {r['cpu_s']:.2f} s), {r['rows']} rows, peak RSS "
+                  f"{r['rss_mb']:.0f} MB", flush=True)
+    print(f"\n{'':10s} {'median s':>9s} {'min s':>7s} {'CPU s':>6s} {'peak RSS MB':>12s} {'rows':>5s}")
+    med = {}
+    for which, rs in res.items():
+        med[which] = statistics.median(r["s"] for r in rs)
+        print(f"{which:10s} {med[which]:9.2f} {min(r['s'] for r in rs):7.2f} "
+              f"{statistics.median(r['cpu_s'] for r in rs):6.2f} "
+              f"{statistics.median(r['rss_mb'] for r in rs):12.0f} {rs[0]['rows']:5d}")
+    for k in med:
+        if k != "reference" and "reference" in med:
+            print(f"ratio {k} / reference: {med[k] / med['reference']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
