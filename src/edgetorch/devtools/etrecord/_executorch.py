@@ -22,20 +22,17 @@ node's provenance chain (``from_node``) names the ATen node it came from (the an
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
 import os
 import re
-import types
-import typing
 import zipfile
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from edgetorch.devtools.etrecord._serde_fast import converting
 from edgetorch.errors import ETRecordFormatError
 from edgetorch.formats.handles import groups_from_tables, parse_handle
 
@@ -287,41 +284,6 @@ def read_program_doc(z: _Zip, entry: str) -> tuple[dict[str, Any], dict[str, Any
     return doc, meta
 
 
-class _TypingWithCachedHints(types.ModuleType):
-    """``typing`` as torch's serde module sees it, with ``get_type_hints`` of the schema's dataclasses memoised
-    (the deserializer asks for the same class's hints once per node, argument and tensor: ~9,000 times for a
-    ViT-S program, a third of its deserialization time). Same results: the schema classes do not change."""
-
-    def __init__(self) -> None:
-        super().__init__("typing")
-        self._hints: dict[tuple[Any, int], dict[str, Any]] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(typing, name)
-
-    def get_type_hints(self, obj: Any, globalns: Any = None, localns: Any = None, **kw: Any) -> dict[str, Any]:
-        if localns is not None or kw or not isinstance(obj, type):
-            return typing.get_type_hints(obj, globalns, localns, **kw)
-        key = (obj, id(globalns))
-        hit = self._hints.get(key)
-        if hit is None:
-            hit = self._hints[key] = typing.get_type_hints(obj, globalns)
-        return hit
-
-
-@contextlib.contextmanager
-def _cached_type_hints() -> Iterator[None]:
-    """Gives torch's serde module the memoising ``typing`` for the duration of one deserialization."""
-    import torch._export.serde.serialize as serde
-
-    saved = serde.typing
-    serde.typing = _TypingWithCachedHints()
-    try:
-        yield
-    finally:
-        serde.typing = saved
-
-
 def build_program(z: _Zip, entry: str, doc: dict[str, Any]) -> Any:
     """The ``ExportedProgram`` of a checked document (``read_program_doc``) and its companion entries."""
     from torch._export.serde.serialize import SerializedArtifact, deserialize
@@ -330,7 +292,7 @@ def build_program(z: _Zip, entry: str, doc: dict[str, Any]) -> Any:
     if not isinstance(state, dict) or not isinstance(consts, dict) or not isinstance(example, (tuple, dict)):
         raise z.error(entry, "state dict / constants / example inputs of unexpected types")
     try:
-        with _cached_type_hints():
+        with converting():  # torch's document conversion with per-class plans (_serde_fast)
             ep = deserialize(SerializedArtifact(json.dumps(doc).encode(), state, consts, example),
                              _unsafe_skip_version_check=True)  # the reference writes an older schema version
     except Exception as e:  # torch's deserializer raises many kinds on malformed documents
