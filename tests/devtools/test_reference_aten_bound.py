@@ -37,3 +37,25 @@ def test_vit2h_gap_skips_the_aten_program_and_uses_the_edge_program() -> None:
     again = ins.calculate_numeric_gap("MSE", reference_graph="exported_program")
     assert again.attrs["reference_graph"] == "edge_dialect_exported_program"
     assert [g[0] for g in again["gap"]] == [g[0] for g in df["gap"]]
+
+
+@pytest.mark.parametrize("name", ["vit2h_xnnpack", "cnn_int8_xnnpack"])
+def test_planned_conversion_gives_torchs_objects(name: str) -> None:
+    import json
+
+    import torch._export.serde.serialize as serde
+
+    from edgetorch.devtools.etrecord._serde_fast import converting
+
+    rec = parse_etrecord(str(DATA / f"{name}_etrecord.bin"))
+    lazy = rec._lazy
+    for entry in lazy._docs:
+        raw = json.dumps(lazy._docs[entry]).encode()
+        plain = serde._bytes_to_dataclass(serde.ExportedProgram, raw)
+        with converting():
+            planned = serde._bytes_to_dataclass(serde.ExportedProgram, raw)
+        assert planned == plain
+    assert serde._dict_to_dataclass.__module__ == serde.__name__  # restored
+    with pytest.raises(AssertionError), converting():
+        serde._bytes_to_dataclass(serde.ExportedProgram, json.dumps({"graph_module": {"graph": {
+            "inputs": [{"as_tensor": {"name": "x"}, "as_int": 1}]}}}).encode())
