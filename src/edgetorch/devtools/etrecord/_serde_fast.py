@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -79,14 +80,27 @@ def _converter(serde: Any) -> Callable[[Any, Any], Any]:
     return convert
 
 
+_SWAP_LOCK = threading.Lock()
+_active = 0  # nested or concurrent ``converting()`` blocks: torch's function is put back when the last one ends
+_saved: Any = None
+
+
 @contextlib.contextmanager
 def converting() -> Iterator[None]:
-    """torch's serde module converts documents with the planned conversion inside the ``with`` block."""
+    """torch's serde module converts documents with the planned conversion inside the ``with`` block (safe across
+    threads and nesting: the original is restored once, when no block is left)."""
     import torch._export.serde.serialize as serde
 
-    saved = serde._dict_to_dataclass
-    serde._dict_to_dataclass = _converter(serde)
+    global _active, _saved
+    with _SWAP_LOCK:
+        if _active == 0:
+            _saved = serde._dict_to_dataclass
+            serde._dict_to_dataclass = _converter(serde)
+        _active += 1
     try:
         yield
     finally:
-        serde._dict_to_dataclass = saved
+        with _SWAP_LOCK:
+            _active -= 1
+            if _active == 0:
+                serde._dict_to_dataclass = _saved
