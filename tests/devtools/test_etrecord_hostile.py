@@ -84,13 +84,20 @@ def test_reference_graph_loader_names_the_refused_node(artifacts, tmp_path, entr
 
 @pytest.mark.parametrize("target", ["aten::from_file.default", "aten::set_.source_Storage", "aten::_print.default",
                                     "prims::add.default", "profiler::_record_function_enter_new.default",
-                                    "debugprims::load_tensor.default", "aten::empty.memory_format",
-                                    "aten::resize_.default", "quantized::add.default"])
+                                    "debugprims::load_tensor.default", "aten::resize_.default",
+                                    "quantized::add.default"])
 def test_targets_outside_the_allow_list_do_not_resolve(target):
     from edgetorch.devtools.etrecord._reference import GraphDataError
 
     with pytest.raises(GraphDataError):
         resolve_target(target)
+
+
+def test_empty_allocations_resolve_in_a_reference_graph():
+    """A model's ``empty_like`` + ``copy_`` (MoE experts) is in its reference graph; the Inspector never compares
+    such an allocation and replays from the runtime's bytes (tests/devtools/test_filled_later.py)."""
+    assert resolve_target("aten::empty.memory_format") is torch.ops.aten.empty.memory_format
+    assert resolve_target("aten::empty_like.default") is torch.ops.aten.empty_like.default
 
 
 def test_registered_operator_resolves_in_a_reference_graph():
