@@ -54,7 +54,8 @@ def _run(folder: Path, body: str, *args: str, guard: str = "1") -> subprocess.Co
     (folder / "test_guarded.py").write_text(body)
     env = dict(os.environ, PYTHONPATH=str(folder), EDGETORCH_TEST_MEMORY_LOG=str(folder / "log.tsv"),
                EDGETORCH_TEST_GUARD=guard, EDGETORCH_TEST_WARMUP="0")
-    env.pop("EDGETORCH_TEST_NO_ISOLATION", None)
+    for name in ("EDGETORCH_TEST_NO_ISOLATION", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):  # the caller's options
+        env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
