@@ -79,6 +79,7 @@ class _GuardState:
         self.start_time = 0.0
         self.large_in_module = False
         self.active = False
+        self.trimmed_rss: int | None = None  # RSS the last module end check measured (the next module's start)
         # an isolated child neither guards nor logs (it would truncate the parent's log)
         self.log = None if os.environ.get(_CHILD_ENV) else os.environ.get("EDGETORCH_TEST_MEMORY_LOG")
         if self.log:
@@ -122,9 +123,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     module = item.nodeid.split("::")[0]
     if module != state.module:
-        _trim()
-        state.module, state.start_rss, state.start_time = module, _rss(), time.perf_counter()
-        state.large_in_module = False
+        # the previous module's end check has just collected and trimmed: its figure is this module's start
+        if state.trimmed_rss is None:
+            _trim()
+        start = state.trimmed_rss if state.trimmed_rss is not None else _rss()
+        state.module, state.start_rss, state.start_time = module, start, time.perf_counter()
+        state.large_in_module, state.trimmed_rss = False, None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -151,7 +155,8 @@ def _module_end_check(item: pytest.Item, nextitem: pytest.Item | None) -> str | 
     if hasattr(item, "_request"):
         item._request, item.funcargs = False, None
     _trim()
-    growth = _rss() - state.start_rss
+    state.trimmed_rss = _rss()
+    growth = state.trimmed_rss - state.start_rss
     if state.log:
         with open(state.log, "a") as f:
             f.write(f"{state.module}\t{state.start_rss / _MIB:.0f}\t{(state.start_rss + growth) / _MIB:.0f}\t"
