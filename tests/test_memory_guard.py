@@ -39,6 +39,11 @@ def test_isolated_skip():
     pytest.skip("no reason to run")
 
 
+@pytest.mark.large_model
+def test_isolated_crash():
+    os._exit(3)  # the child dies mid-test: no report of its call comes back
+
+
 @pytest.mark.large_model(max_rss_gb=0.6)
 def test_isolated_over_bound():
     x = torch.ones(2**30 // 4)
@@ -68,6 +73,7 @@ def test_guard_isolates_large_tests_and_fails_a_leaking_module(tmp_path):
     assert "FAILED test_guarded.py::test_isolated_fail" in out and "assert (1 + 1) == 3" in out
     assert re.search(r"SKIPPED \[1\] test_guarded.py:\d+: no reason to run", out)
     assert "FAILED test_guarded.py::test_isolated_over_bound" in out and "went above its memory bound" in out
+    assert "FAILED test_guarded.py::test_isolated_crash" in out and "the isolated pytest exited with 3" in out
     # the leak: 400 MiB alive after the module, reported on its last test's teardown
     assert "ERROR test_guarded.py::test_isolated_over_bound" in out
     assert "left 4" in out and "MiB resident after its tests" in out
