@@ -221,3 +221,22 @@ def test_an_argument_of_the_wrong_kind_is_refused_at_load(mlp):
 
     with pytest.raises(ProgramFormatError, match="argument 'mat1' must be Tensor, the program passes list"):
         Runtime.get().load_program(edit(data, mutate)).load_method("forward")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_an_op_swapped_for_an_empty_allocation_computes_zeros_never_arena_bytes(mlp, level):
+    """A hash-valid edit naming ``aten::empty.memory_format`` where the last kernel stood: the runtime zero-fills
+    that output instead of handing out what the arena held (another valid program, never a leak)."""
+    data, _, inputs = mlp
+
+    def mutate(prog: pf.ProgramDef) -> None:
+        p = prog.plans[0]
+        ins = next(i for i in reversed(p.instructions) if i.call.kind == pf.CALL_OUT and p.outputs[0] in i.call.outputs)
+        ins.call.op_index = add_operator(p, "aten::empty", "memory_format")
+        ins.call.kind = pf.CALL_FUNCTIONAL_COPY
+        ins.call.args = [add_value(p, pf.IntListV([1, 10]))] + [add_value(p, None) for _ in range(5)]
+
+    method = Runtime.get().load_program(edit(data, mutate), verification=level).load_method("forward")
+    for sample in (inputs[0], torch.randn_like(inputs[0]) * 100):
+        (out,) = method.execute(sample)
+        assert torch.count_nonzero(out) == 0
