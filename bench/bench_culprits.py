@@ -335,9 +335,9 @@ def run_quant(family: str, sites: int, log: Callable[[str], None]) -> list[dict[
     """Plants a weight outlier (60 x the largest magnitude) in one layer, quantizes (INT8 per tensor, portable),
     ranks the float-reference rows (lowest local SQNR first) and the reference's way (largest accumulated gap)."""
     from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-    from edgetorch.devtools.quant_fallback import inspect_quantized
     from edgetorch.export import ExportRecipe, PortableRecipeType
     from edgetorch.export import export as session_export
+    from edgetorch.workflows.quant_fallback import inspect_quantized
 
     model, inputs = build(family)
     consumers = _consumers(model, inputs)
@@ -378,10 +378,10 @@ def run_fix(log: Callable[[str], None], max_reexports: int = 5, cases: list[int]
     weight outlier), and ResNet-18 with two: the tolerance is a multiple of the final error of the same model
     quantized without the outliers; ``find_fix`` must find and prove the smallest fallback set within
     ``max_reexports``."""
-    from edgetorch.devtools.fix import final_error, find_fix
     from edgetorch.export import ExportRecipe, PortableRecipeType
     from edgetorch.export import export as session_export
     from edgetorch.runtime import Runtime
+    from edgetorch.workflows.fix import final_error, find_fix
 
     recipe = PortableRecipeType.INT8_STATIC_PER_TENSOR
     rows = []

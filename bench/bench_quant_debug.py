@@ -46,7 +46,9 @@ from edgetorch.devtools.inspector.float_reference import (
     float_numeric_gap,
     rank_quantization_culprits,
 )
-from edgetorch.devtools.quant_fallback import (
+from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
+from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
+from edgetorch.workflows.quant_fallback import (
     coarsen_weight,
     cosine_to_float,
     inspect_quantized,
@@ -54,8 +56,6 @@ from edgetorch.devtools.quant_fallback import (
     record_debug_runs,
     selective_fallback,
 )
-from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
-from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
 
 RECIPES = {"portable": PortableRecipeType.INT8_STATIC_PER_CHANNEL, "onnxruntime": OrtRecipeType.INT8_STATIC_PER_CHANNEL}
 WEIGHTED = {"aten.conv1d.default", "aten.conv2d.default", "aten.linear.default"}

@@ -22,9 +22,9 @@ import torch
 
 from edgetorch.devtools import Inspector
 from edgetorch.devtools.inspector.float_reference import output_impact, rank_quantization_culprits
-from edgetorch.devtools.quant_fallback import selective_fallback
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
 from edgetorch.runtime import Runtime
+from edgetorch.workflows.quant_fallback import selective_fallback
 
 COLUMNS = ["aot_ops", "module", "sqnr_db", "local_sqnr_db", "rmse_over_scale", "weight_sqnr_db", "output_impact"]
 

@@ -1,7 +1,8 @@
 """The import graph of ``src/edgetorch``: no cycles, and every arrow points downstream.
 
 Layers, bottom first: ``errors``/``_fileio``/``_version``/``_hooks``/``formats`` -> ``exir`` (compiler) and
-``runtime`` (neither imports the other) -> ``backends`` -> ``export`` -> ``models`` -> ``devtools`` -> ``cli``; the
+``runtime`` (neither imports the other) -> ``backends`` -> ``export`` -> ``models`` -> ``devtools`` ->
+``workflows`` (what uses both the export session and the debugger: ``find_fix``, selective fallback) -> ``cli``; the
 root package (``edgetorch/__init__.py``) is the application layer that wires them (``_hooks``). Every import is a
 dependency: at module level, inside a function, or under ``if TYPE_CHECKING:`` (an annotation still couples the
 modules; issue 27). A new cycle or a new upward import fails here with the modules and the kind of each import
@@ -32,11 +33,13 @@ ALLOWED: dict[str, set[str]] = {
     "export": _BOTTOM | {"formats", "exir", "runtime", "backends"},
     "models": _BOTTOM | {"formats", "exir", "runtime", "backends", "export"},
     "devtools": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models"},
-    "cli": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools"},
+    "workflows": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools"},
+    "cli": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools", "workflows"},
     "__main__": {"cli"},
     # the application layer: fills edgetorch._hooks (the ETRecord builder), so it may import every layer; no
     # layer imports it (the version lives in edgetorch._version)
-    "(root)": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools", "cli"},
+    "(root)": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools", "workflows",
+                         "cli"},
 }
 
 

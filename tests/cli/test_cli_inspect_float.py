@@ -14,8 +14,8 @@ import pytest
 
 from edgetorch.devtools import Inspector
 from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-from edgetorch.devtools.quant_fallback import record_debug_runs
 from edgetorch.export import ExportRecipe, PortableRecipeType, export
+from edgetorch.workflows.quant_fallback import record_debug_runs
 from tests.cli.conftest import cli
 from tests.quant_helpers import TinyConvNet, conv_samples
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from edgetorch.devtools.fix import _merge_overlapping, _search_order, final_error, find_fix
 from edgetorch.errors import InspectorError
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
+from edgetorch.workflows.fix import _merge_overlapping, _search_order, final_error, find_fix
 
 
 def _samples(inputs: tuple, n: int = 3) -> list[tuple]:

@@ -12,8 +12,8 @@ from torch import nn
 
 from edgetorch.devtools.inspector.culprits import find_culprits
 from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-from edgetorch.devtools.quant_fallback import coarsen_weight, inspect_quantized, quantize_pt2e_program
 from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
+from edgetorch.workflows.quant_fallback import coarsen_weight, inspect_quantized, quantize_pt2e_program
 
 
 class ConvNet(nn.Module):

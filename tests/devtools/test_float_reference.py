@@ -17,16 +17,16 @@ from torch import nn
 from edgetorch.devtools import Inspector
 from edgetorch.devtools.etrecord import parse_etrecord
 from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-from edgetorch.devtools.quant_fallback import (
+from edgetorch.errors import InspectorError
+from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, StageType, export
+from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, float_handle
+from edgetorch.runtime import Runtime
+from edgetorch.workflows.quant_fallback import (
     coarsen_weight,
     inspect_quantized,
     quantize_pt2e_program,
     selective_fallback,
 )
-from edgetorch.errors import InspectorError
-from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, StageType, export
-from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, float_handle
-from edgetorch.runtime import Runtime
 from tests.quant_helpers import node_values
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

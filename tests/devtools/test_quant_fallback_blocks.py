@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-from edgetorch.devtools.quant_fallback import cosine_to_float, simulate_blocks
 from edgetorch.errors import RecipeError
 from edgetorch.export import ExportRecipe, PortableRecipeType, export
 from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, capture_float_program
 from edgetorch.runtime import Runtime
+from edgetorch.workflows.quant_fallback import cosine_to_float, simulate_blocks
 from tests.quant_helpers import TinyConvNet, conv_samples, node_values
 
 INT8 = PortableRecipeType.INT8_STATIC_PER_CHANNEL

@@ -362,8 +362,8 @@ def test_two_partitions_and_shared_handles_from_a_hand_made_graph():
 @pytest.fixture(scope="module")
 def quant_table() -> pd.DataFrame:
     """The float-reference gap table of an INT8 TinyConvNet (portable) over 3 samples."""
-    from edgetorch.devtools.quant_fallback import inspect_quantized
     from edgetorch.export import ExportRecipe, PortableRecipeType, export
+    from edgetorch.workflows.quant_fallback import inspect_quantized
     from tests.quant_helpers import TinyConvNet, conv_samples
 
     samples = conv_samples(3)

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-from edgetorch.devtools.quant_fallback import _FakeQuant, _flat_float, _is_q
 from edgetorch.errors import RecipeError
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, StageType, export
 from edgetorch.export.quantizer import (
@@ -25,6 +24,7 @@ from edgetorch.export.quantizer import (
     convert_calibrated,
 )
 from edgetorch.runtime import Runtime
+from edgetorch.workflows.quant_fallback import _FakeQuant, _flat_float, _is_q
 from tests.quant_helpers import TinyConvNet, conv_samples
 
 INT8 = PortableRecipeType.INT8_STATIC_PER_CHANNEL

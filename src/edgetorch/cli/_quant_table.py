@@ -86,7 +86,7 @@ def print_worst_layers(console: Console, df: Any, ranked: Any, fgm: Any) -> None
     options = ", ".join(f"{k}={v!r}" for k, v in (("quant_exclude_nodes", nodes),
                                                   ("quant_exclude_activations", values)) if v)
     console.print(f"to keep them in float: the recipe options {options} (or let "
-                  "edgetorch.devtools.quant_fallback.selective_fallback choose and measure)", highlight=False,
+                  "edgetorch.workflows.quant_fallback.selective_fallback choose and measure)", highlight=False,
                   markup=False)
 
 
@@ -95,7 +95,7 @@ def exclusions(ranked: Any, fgm: Any) -> tuple[list[str], list[str]]:
     quantizer annotates it, by node name (a fused relu/hardtanh with its conv/linear:
     ``quant_fallback.annotated_layer_nodes``); and the row's output value when it is quantized (``output_scale``:
     by the op's pattern or as the next op's input), by value name."""
-    from edgetorch.devtools.quant_fallback import annotated_layer_nodes
+    from edgetorch.workflows.quant_fallback import annotated_layer_nodes
 
     by_name = {n.name: n for n in fgm.graph.nodes}
     nodes, values = [], []

@@ -1,6 +1,6 @@
 """``edgetorch fix``: find the smallest set of ops to keep in float (INT8 recipes) or off the ONNX Runtime delegate
 (float ORT recipe) that brings a zoo model's final output within a tolerance of the float model, re-exporting and
-re-running each candidate (``edgetorch.devtools.fix.find_fix``).
+re-running each candidate (``edgetorch.workflows.fix.find_fix``).
 
     edgetorch fix --model resnet18 --recipe portable_int8_static_per_tensor --tolerance 0.1
     edgetorch fix --model mlp --recipe portable_int8_static_per_tensor --outlier fc2.weight --tolerance 0.05
@@ -88,8 +88,8 @@ def _main(args: argparse.Namespace) -> int:
     recipe = _recipe(args.recipe)
     import time
 
-    from edgetorch.devtools.fix import find_fix
     from edgetorch.models import get_model
+    from edgetorch.workflows.fix import find_fix
 
     model, inputs = get_model(args.model)
     if args.outlier:

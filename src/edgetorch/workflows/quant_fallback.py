@@ -3,7 +3,7 @@
 The quantization-debugging loop of TFLite's QuantizationDebugger (its denylist) and ONNX Runtime's qdq_loss_debug,
 on edgetorch's export recipes::
 
-    from edgetorch.devtools.quant_fallback import selective_fallback
+    from edgetorch.workflows.quant_fallback import selective_fallback
     from edgetorch.export import PortableRecipeType
 
     report = selective_fallback(model, calibration_samples, PortableRecipeType.INT8_STATIC_PER_CHANNEL)

@@ -4,7 +4,7 @@ within a tolerance; every candidate re-exported, re-run and measured.
 The loop of Polygraphy's ``debug precision`` and NNCF's accuracy-controlled quantization, on edgetorch's export
 recipes::
 
-    from edgetorch.devtools.fix import find_fix
+    from edgetorch.workflows.fix import find_fix
     from edgetorch.export import PortableRecipeType
 
     result = find_fix(model, samples, PortableRecipeType.INT8_STATIC_PER_TENSOR, tolerance=0.05)
@@ -130,8 +130,8 @@ def final_error(reference: Sequence[Any], outputs: Sequence[Any]) -> float:
 
 def _measure(pte: bytes, samples: list[tuple], reference: list[Any], tolerance: float, reexport: int,
              kept: list[str], used: int, repeats: int) -> FixStep:
-    from edgetorch.devtools.quant_fallback import run_latency_ms
     from edgetorch.runtime import Runtime
+    from edgetorch.workflows.quant_fallback import run_latency_ms
 
     method = Runtime.get().load_program(pte).load_method("forward")
     outs = [method.execute(*s) for s in samples]
@@ -147,7 +147,7 @@ def _is_quantized(recipe_type: Any) -> bool:
 
 def _quant_candidates(et: Any, samples: list[tuple], top: int) -> list[list[str]]:
     from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
-    from edgetorch.devtools.quant_fallback import inspect_quantized, layer_nodes
+    from edgetorch.workflows.quant_fallback import inspect_quantized, layer_nodes
 
     run = inspect_quantized(et, samples)
     ranked = rank_quantization_culprits(run.table, top=top)
