@@ -108,15 +108,17 @@ def test_etrecord_groups_and_handles():
 
 
 def test_programs_are_deserialized_on_first_use():
-    """Parsing reads no weights; the numeric gap deserializes the ATen program only (the edge program's copy of
-    the weights is never loaded), with the same handle table the deserialized edge program gives."""
+    """Parsing reads no weights; the numeric gap deserializes no program with torch (its reference graph is built
+    from the ATen program's document and weights; the edge program's copy of the weights is never loaded), with
+    the same handle table the deserialized edge program gives."""
     rec = parse_etrecord(DATA / "cnn_xnnpack_etrecord.bin")
     assert not any(rec._is_loaded(r) for r in ("aten", "edge", "graph_map"))
     table = rec.handle_table("forward")
     ins = Inspector(etdump_path=DATA / "cnn_xnnpack.etdp", etrecord=rec,
                     debug_buffer_path=debug_buffer("cnn_xnnpack"))
     ins.calculate_numeric_gap("MSE")
-    assert rec._is_loaded("aten") and not rec._is_loaded("edge")
+    assert not any(rec._is_loaded(r) for r in ("aten", "edge", "graph_map"))
+    assert rec._lazy._programs == {}
     from edgetorch.devtools.etrecord._reference import handles_from_program
 
     assert handles_from_program(rec.edge_programs["forward"], "forward") == table

@@ -357,18 +357,27 @@ def handle_table_from_doc(z: _Zip, entry: str, doc: dict[str, Any]) -> dict[int,
     return table
 
 
+def _edge_handles(z: _Zip, entry: str, meta: dict[str, Any]) -> dict[str, int]:
+    """{node name: debug handle} of an edge program's nodes (handle 0, "unset", left out)."""
+    out: dict[str, int] = {}
+    for name, (raw, _chain) in meta.items():
+        if raw is None:
+            continue
+        h = _int_handle(raw)
+        if parse_handle(h) is None and h != 0:
+            raise z.error(entry, f"node {name}: debug handle {str(raw)[:40]!r} is not an integer")
+        if h:
+            out[name] = h
+    return out
+
+
 def _stamp_edge(z: _Zip, entry: str, ep: Any, meta: dict[str, Any]) -> None:
     from edgetorch.exir.debug_handles import set_debug_handle
 
+    handles = _edge_handles(z, entry, meta)
     for n in ep.graph.nodes:
-        raw = meta.get(n.name, (None, None))[0]
-        if raw is None:
-            continue
-        h = int(raw) if isinstance(raw, str) and raw.isdigit() and len(raw) < 12 else raw
-        if parse_handle(h) is None and h != 0:
-            raise z.error(entry, f"node {n.name}: debug handle {str(raw)[:40]!r} is not an integer")
-        if h:
-            set_debug_handle(n, h)
+        if n.name in handles:
+            set_debug_handle(n, handles[n.name])
 
 
 def _ancestors(raw: Any, depth: int = 0) -> list[tuple[str, int]]:
@@ -521,9 +530,10 @@ class ReferenceSource:
         self._entries, self._docs, self._metas, self._graph_id = entries, docs, metas, graph_id
         self._tables = handle_tables
         self._programs: dict[tuple[str, str], Any] = {}
-        self.references: dict[str, Any] = {}  # no compact views: the programs are built on first use
-        self.edge_references: dict[str, Any] = {}
-        self.graph_map_references: dict[str, Any] = {}
+        # the reference graphs are built from the documents (_executorch_graph), not from deserialized programs
+        self.references = dict(entries["aten"])
+        self.edge_references = dict(entries["edge"])
+        self.graph_map_references = dict(entries["graph_map"])
         self.handles = dict(entries["edge"])  # handle tables come from the documents
 
     def keys(self, role: str) -> list[str]:
@@ -540,14 +550,57 @@ class ReferenceSource:
             with z.zf:
                 hit = build_program(z, entry, json.loads(json.dumps(self._docs[entry])))
             if role == "aten":
-                counts = {h: len(ns) for h, ns in self._tables.get("forward", {}).items()}
-                if not propagate_handles(hit, self._metas.get(self._entries["edge"].get("forward", ""), {}),
-                                         self._graph_id, counts):
-                    log.warning("ExecuTorch ETRecord: no ATen node could be linked to a debug handle")
+                self._link_aten(hit)
             else:
                 _stamp_edge(z, entry, hit, self._metas[entry])
             self._programs[(role, key)] = hit
         return hit
+
+    def reference_graph(self, method: str) -> Any:
+        return self._graph("aten", method)
+
+    def edge_reference_graph(self, method: str) -> Any:
+        return self._graph("edge", method)
+
+    def graph_map_reference_graph(self, key: str) -> Any:
+        return self._graph("graph_map", key)
+
+    def _graph(self, role: str, key: str) -> Any:
+        """The runnable flat reference graph of a program, built from its document and weights
+        (``_executorch_graph``); a document that converter cannot express is deserialized by torch instead."""
+        from edgetorch.devtools.etrecord._executorch_graph import Unsupported, reference_document
+        from edgetorch.devtools.etrecord._reference import GraphDataError, build_reference, reference_from_program
+        from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
+
+        entry = self._entries[role][key]
+        if (role, key) not in self._programs:
+            z = _Zip(self._source, self._path)
+            with z.zf:
+                state, consts = (z.torch_load(entry + s) for s in _SUFFIXES[:2])
+                handles = {} if role == "aten" else _edge_handles(z, entry, self._metas[entry])
+            if not isinstance(state, dict) or not isinstance(consts, dict):
+                raise z.error(entry, "state dict / constants of unexpected types")
+            try:
+                doc, tensors = reference_document(self._docs[entry], state, consts, key, handles, _module_stack)
+                gm = build_reference(doc, lambda i, what, param, rg: tensors[i])
+            except (Unsupported, GraphDataError, KeyError, TypeError, ValueError, AttributeError, IndexError,
+                    RecursionError) as e:  # a malformed document: torch's deserializer names the fault
+                log.debug("ExecuTorch ETRecord %s: %s; deserializing it with torch", entry, e)
+            else:
+                if role == "aten":
+                    self._link_aten(gm)
+                return gm
+        try:
+            return reference_from_program(self.program(role, key), key)
+        except UnsupportedValueError as e:
+            log.warning("ExecuTorch ETRecord: no reference graph for %r: %s", entry, e)
+            return None
+
+    def _link_aten(self, aten: Any) -> None:
+        counts = {h: len(ns) for h, ns in self._tables.get("forward", {}).items()}
+        if not propagate_handles(aten, self._metas.get(self._entries["edge"].get("forward", ""), {}),
+                                 self._graph_id, counts):
+            log.warning("ExecuTorch ETRecord: no ATen node could be linked to a debug handle")
 
     def aten_handle_bound(self, key: str) -> set[int] | None:
         """A superset of the debug handles the ATen program ``key`` carries once built (``program``), from its
