@@ -1,11 +1,12 @@
 """The import graph of ``src/edgetorch``: no cycles, and every arrow points downstream.
 
 Layers, bottom first: ``errors``/``_fileio``/``_version``/``_hooks``/``formats`` -> ``exir`` (compiler) and
-``runtime`` (neither imports the other) -> ``backends`` -> ``export`` -> ``models`` -> ``devtools`` ->
-``workflows`` (what uses both the export session and the debugger: ``find_fix``, selective fallback) -> ``cli``; the
-root package (``edgetorch/__init__.py``) is the application layer that wires them (``_hooks``). Every import is a
-dependency: at module level, inside a function, or under ``if TYPE_CHECKING:`` (an annotation still couples the
-modules; issue 27). A new cycle or a new upward import fails here with the modules and the kind of each import
+``runtime`` (neither imports the other) -> ``backends`` -> ``export`` -> ``models``, and beside them ``devtools``
+(the debugger: it reads the compiler's plain data, never the export session) -> ``workflows`` (what uses both the
+export session and the debugger: ``find_fix``, selective fallback) -> ``cli``; the root package
+(``edgetorch/__init__.py``) is the application layer that wires them (``_hooks``). Every import is a dependency:
+at module level, inside a function, or under ``if TYPE_CHECKING:`` (an annotation still couples the modules;
+issue 27). A new cycle or a new upward import fails here with the modules and the kind of each import
 named; docs/architecture.md explains the layers and the backend contract.
 """
 
@@ -32,7 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "backends": _BOTTOM | {"formats", "exir", "runtime"},
     "export": _BOTTOM | {"formats", "exir", "runtime", "backends"},
     "models": _BOTTOM | {"formats", "exir", "runtime", "backends", "export"},
-    "devtools": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models"},
+    # the debugger reads the compiler's plain data (StageHistory, HandleGroup, exir.quant_annotations), never the
+    # export session: what uses both is a workflow
+    "devtools": _BOTTOM | {"formats", "exir", "runtime", "backends"},
     "workflows": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools"},
     "cli": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools", "workflows"},
     "__main__": {"cli"},
@@ -209,6 +212,17 @@ def test_the_compiler_does_not_reach_the_developer_tools():
     assert not [(a, b) for a, deps in graph.items() if _layer(a) == "exir" for b in deps if _layer(b) == "devtools"]
     assert "edgetorch.devtools.etrecord" in graph["edgetorch"]  # the root wires the ETRecord builder
     assert not [b for b in graph["edgetorch.exir.passes"] if b.startswith("edgetorch.exir.backend")]
+
+
+def test_the_debugger_does_not_reach_the_export_session():
+    """``devtools`` imports neither ``export`` nor ``models`` (at module level, in a function or for annotations):
+    the quantizer's annotation tables it reads live in ``exir.quant_annotations``; ``find_fix`` and selective
+    fallback, which re-export, live in ``workflows``."""
+    graph = _graph()
+    assert not [(a, b) for a, deps in graph.items() if _layer(a) == "devtools" for b in deps
+                if _layer(b) in ("export", "models", "workflows", "cli")]
+    assert not [(a, b) for a, deps in graph.items() if _layer(a) in ("export", "models") for b in deps
+                if _layer(b) in ("devtools", "workflows")]
 
 
 def _closure(roots: Iterable[str], graph: Mapping[str, Iterable[str]]) -> set[str]:

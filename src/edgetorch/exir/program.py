@@ -26,6 +26,7 @@ from edgetorch.exir.clone import sync_signature_names
 from edgetorch.exir.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgetorch.exir.debug_handles import assign_debug_handles, fill_missing_debug_handles
 from edgetorch.exir.emit import ConstantPool, DelegatePool, EmittedMethod, emit_method
+from edgetorch.exir.quant_annotations import float_handle
 from edgetorch.exir.verifier import _IGNORED_TARGETS, verify_edge_program
 from edgetorch.formats import program as pf
 from edgetorch.formats.handles import HandleGroup, debug_handle_map_of, delegate_map_of
@@ -205,17 +206,12 @@ def own_buffers(ep: ExportedProgram, memo: dict[int, torch.Tensor], mutated: set
     return clone_program(ep, state_dict=own(ep.state_dict), constants=own(ep.constants))
 
 
-#: the meta["custom"] key of the PT2E numeric debug handles a float program must carry (torchao's name)
-_NUMERIC_DEBUG_HANDLE = "numeric_debug_handle"
-
-
 def _float_programs(float_program: ProgramsArg) -> dict[str, ExportedProgram]:
     """The float programs by method; refuses one whose ops carry no PT2E numeric debug handle (the ETRecord
     could not link it to the quantized program)."""
     floats = _as_dict(float_program)
     for m, ep in floats.items():
-        if not any(isinstance(n.meta.get("custom"), dict) and _NUMERIC_DEBUG_HANDLE in n.meta["custom"]
-                   for n in ep.graph.nodes if n.op == "call_function"):
+        if not any(float_handle(n) is not None for n in ep.graph.nodes if n.op == "call_function"):
             raise ETRecordError(f"float_program {m!r}: no node carries a numeric debug handle; capture it with "
                                 "edgetorch.export.quantizer.capture_float_program before prepare_pt2e")
     return floats

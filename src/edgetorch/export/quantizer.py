@@ -31,8 +31,6 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e import (
-    CUSTOM_KEY,
-    NUMERIC_DEBUG_HANDLE_KEY,
     HistogramObserver,
     MinMaxObserver,
     PerChannelMinMaxObserver,
@@ -47,22 +45,27 @@ from torchao.quantization.pt2e.quantizer import (
 )
 
 from edgetorch.errors import RecipeError
+from edgetorch.exir.quant_annotations import (
+    ADD_OPS,
+    ANNOTATED_OPS,
+    FUSED_ACTIVATION_OPS,
+    POOL_OPS,
+    WEIGHTED_OPS,
+    float_handle,
+    float_handles_as_debug_handles,
+    module_paths,
+)
 
-__all__ = ["SymmetricQuantizationConfig", "SymmetricInt8Quantizer", "capture_float_program", "convert_calibrated",
-           "correct_biases", "float_handle", "get_symmetric_quantization_config"]
+__all__ = ["ANNOTATED_OPS", "FUSED_ACTIVATION_OPS", "WEIGHTED_OPS", "SymmetricQuantizationConfig",
+           "SymmetricInt8Quantizer", "capture_float_program", "convert_calibrated", "correct_biases", "float_handle",
+           "float_handles_as_debug_handles", "get_symmetric_quantization_config", "module_paths"]
 
 _ANNOTATION_KEY = "quantization_annotation"  # the node.meta key prepare_pt2e reads
 _EPS = 2.0 ** -12
 
 aten = torch.ops.aten
-_WEIGHTED = {aten.conv1d.default, aten.conv2d.default, aten.linear.default}
-_ACTIVATIONS = {aten.relu.default, aten.relu_.default, aten.hardtanh.default, aten.hardtanh_.default}
-_ADDS = {aten.add.Tensor, aten.add_.Tensor}
-_POOLS = {aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default}
-#: every op the quantizer may annotate (and an exclusion can therefore keep float)
-ANNOTATED_OPS = frozenset(_WEIGHTED | _ACTIVATIONS | _ADDS | _POOLS)
-WEIGHTED_OPS = frozenset(_WEIGHTED)
-FUSED_ACTIVATION_OPS = frozenset(_ACTIVATIONS)  # fused into the conv/linear before them
+# the annotation tables (ANNOTATED_OPS, WEIGHTED_OPS, ...) live in edgetorch.exir.quant_annotations: the developer
+# tools read them too
 
 
 @dataclass(frozen=True)
@@ -176,16 +179,6 @@ def resolve_op(spec: object, arg: str = "exclude_ops") -> torch._ops.OpOverload:
         raise RecipeError(f"{arg}: unknown op {spec!r} (expected e.g. 'aten.linear.default' or 'linear')") from None
 
 
-def module_paths(node: Node) -> list[str]:
-    """The module paths of ``node``'s ``nn_module_stack`` (outermost first), e.g. ``["", "layer1.0.conv1"]``."""
-    out = []
-    for v in (node.meta.get("nn_module_stack") or {}).values():
-        path = v[0] if isinstance(v, (list, tuple)) and v else v
-        if isinstance(path, str):
-            out.append(path)
-    return out
-
-
 def capture_float_program(model: torch.nn.Module, args: tuple, kwargs: dict | None = None,
                           dynamic_shapes: object = None, strict: bool = False) -> ExportedProgram:
     """``torch.export`` of the float model with torchao's PT2E numeric debug handles on every op node: quantize
@@ -196,28 +189,6 @@ def capture_float_program(model: torch.nn.Module, args: tuple, kwargs: dict | No
     ep = torch.export.export(model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     generate_numeric_debug_handle(ep)
     return ep
-
-
-def float_handle(node: Node) -> int | None:
-    """The PT2E numeric debug handle of ``node`` (the float op it comes from), if any."""
-    custom = node.meta.get(CUSTOM_KEY)
-    h = custom.get(NUMERIC_DEBUG_HANDLE_KEY) if isinstance(custom, dict) else None
-    return h if isinstance(h, int) and not isinstance(h, bool) else None
-
-
-def float_handles_as_debug_handles(ep: ExportedProgram) -> int:
-    """Gives every op node of a float program captured by :func:`capture_float_program` its numeric debug handle
-    as edgetorch debug handle (a fresh ``meta["custom"]`` dict: graphs taken from the program before keep
-    theirs); returns how many nodes carry one."""
-    from edgetorch.exir.debug_handles import set_debug_handle
-
-    n_set = 0
-    for n in ep.graph.nodes:
-        h = float_handle(n) if n.op == "call_function" else None
-        if h is not None:
-            set_debug_handle(n, h)
-            n_set += 1
-    return n_set
 
 
 def _is_float_tensor(n: object) -> bool:
@@ -237,7 +208,7 @@ def _fused_activation(n: Node, config: SymmetricQuantizationConfig) -> Node | No
     if len(n.users) != 1:
         return None
     (user,) = n.users
-    if user.op == "call_function" and user.target in _ACTIVATIONS and not _is_annotated(user) \
+    if user.op == "call_function" and user.target in FUSED_ACTIVATION_OPS and not _is_annotated(user) \
             and not config.excludes(user):
         return user
     return None
@@ -299,15 +270,15 @@ class SymmetricInt8Quantizer(Quantizer):
         act, weight = cfg.activation_spec(), cfg.weight_spec()
         nodes = [n for n in model.graph.nodes if n.op == "call_function" and not cfg.excludes(n)]
         for n in nodes:
-            if n.target in _WEIGHTED and not _is_annotated(n):
+            if n.target in WEIGHTED_OPS and not _is_annotated(n):
                 self._annotate_weighted(n, act, weight)
         if cfg.dynamic:
             return model
         for n in nodes:
-            if n.target in _ADDS and not _is_annotated(n):
+            if n.target in ADD_OPS and not _is_annotated(n):
                 self._annotate_add(n, act)
         for n in nodes:
-            if n.target in _POOLS and not _is_annotated(n):
+            if n.target in POOL_OPS and not _is_annotated(n):
                 x = n.args[0]
                 if _is_float_tensor(x):
                     _annotate(n, {x: act}, SharedQuantizationSpec((x, n)))
@@ -366,7 +337,7 @@ def correct_biases(gm: GraphModule, samples: Iterable[tuple]) -> dict[str, str |
     from torch.fx.interpreter import Interpreter
 
     targets = {op: qdq for op in gm.graph.nodes
-               if op.op == "call_function" and op.target in _WEIGHTED and (qdq := _weight_qdq(op)) is not None}
+               if op.op == "call_function" and op.target in WEIGHTED_OPS and (qdq := _weight_qdq(op)) is not None}
     def const(a: object) -> object:
         return _attr(gm, a.target) if isinstance(a, Node) and a.op == "get_attr" else a
 

@@ -38,8 +38,9 @@ import torch.utils._pytree as pytree
 
 from edgetorch.devtools.inspector.float_reference import annotated_consumers, float_graph
 from edgetorch.errors import InspectorError
+from edgetorch.exir.quant_annotations import ANNOTATED_OPS, FUSED_ACTIVATION_OPS, WEIGHTED_OPS
 from edgetorch.export import ExportRecipe, export
-from edgetorch.export.quantizer import _BIAS_CORRECTIONS_KEY, ANNOTATED_OPS, FUSED_ACTIVATION_OPS, WEIGHTED_OPS
+from edgetorch.export.quantizer import _BIAS_CORRECTIONS_KEY
 from edgetorch.export.recipe import RecipeType
 
 __all__ = ["FallbackReport", "QuantizedRun", "annotated_layer_nodes", "coarsen_weight", "cosine_to_float",

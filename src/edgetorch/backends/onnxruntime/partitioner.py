@@ -39,6 +39,7 @@ from edgetorch.exir.backend.partitioner import (
     Partitioner,
     PartitionResult,
 )
+from edgetorch.exir.quant_annotations import module_paths
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +62,6 @@ def _tensor_vals(x: object) -> list:
     if isinstance(x, (list, tuple)):
         return [t for a in x for t in _tensor_vals(a)]
     return []
-
-
-def _module_paths(node: torch.fx.Node) -> list[str]:
-    stack = node.meta.get("nn_module_stack") or {}
-    out = []
-    for v in stack.values():
-        path = v[0] if isinstance(v, (list, tuple)) and v else v
-        if isinstance(path, str):
-            out.append(path)
-    return out
 
 
 #: values of scalar nodes (sizes of dynamic shapes, or scalars computed from data)
@@ -245,7 +236,7 @@ class OrtPartitioner(Partitioner):
         if node.name in self.exclude_nodes:
             return "excluded by exclude_nodes"
         if self.exclude_module_paths:
-            for p in _module_paths(node):
+            for p in module_paths(node):
                 for sub in self.exclude_module_paths:
                     if sub in p:
                         return f"excluded by exclude_module_paths ('{sub}' in '{p}')"

@@ -18,6 +18,7 @@ from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_progra
 from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
 from edgetorch.errors import ETRecordError, MethodNotFoundError
 from edgetorch.exir.clone import sync_signature_names
+from edgetorch.exir.quant_annotations import float_handles_as_debug_handles
 from edgetorch.formats.handles import (
     DELEGATE_CALL,
     IN_DELEGATE,
@@ -427,8 +428,6 @@ class ETRecord:
         for quantization debugging (``Inspector.calculate_numeric_gap(reference_graph="float")``). Its op nodes
         must carry the PT2E numeric debug handles the quantized program kept through prepare/convert
         (``edgetorch.export.quantizer.capture_float_program``); they become the float graph's debug handles."""
-        from edgetorch.export.quantizer import float_handles_as_debug_handles
-
         for m, ep in _edge_dict(float_program, "float_program").items():
             if not float_handles_as_debug_handles(ep):
                 raise ETRecordError(f"float_program {m!r}: no node carries a numeric debug handle; capture it with "

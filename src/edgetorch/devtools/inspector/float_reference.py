@@ -44,13 +44,15 @@ from edgetorch.devtools.inspector.comparators import get_comparator
 from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry, runtime_entries
 from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
-from edgetorch.export.quantizer import ANNOTATED_OPS, float_handle, module_paths
+from edgetorch.exir.quant_annotations import ANNOTATED_OPS, float_handle, module_paths
 
 __all__ = ["FLOAT_GRAPH", "float_graph", "float_numeric_gap", "output_impact", "rank_quantization_culprits",
            "simulate_fallback", "with_output_impact"]
 
 #: the ``reference_graph`` name of the float model
 FLOAT_GRAPH = "float"
+
+import torch.ao.quantization.fx._decomposed  # noqa: E402, F401  (registers torch.ops.quantized_decomposed)
 
 qd = torch.ops.quantized_decomposed
 _QUANTIZE = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor}
