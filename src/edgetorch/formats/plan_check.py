@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from edgetorch.errors import ProgramFormatError
 from edgetorch.formats import program as pf
+from edgetorch.formats._program_checks import _overlaps
 
 _SCALAR_INPUTS = (bool, int, float, str, type(None), pf.SymIntV)
 
@@ -53,7 +54,7 @@ def _tensor_args(plan: pf.PlanDef) -> list[list[int]]:
 
 def elements_overlap(sizes: list[int], strides: list[int]) -> bool:
     """Whether two elements of a layout share an address (a tensor a kernel writes must not)."""
-    return pf._overlaps(sizes, strides)
+    return _overlaps(sizes, strides)
 
 
 def _is_view(call: object) -> bool:
