@@ -169,7 +169,6 @@ def _cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
 KNOWN_CYCLES: list[set[str]] = [
     {"edgetorch.devtools.etrecord._archive", "edgetorch.devtools.etrecord._etrecord"},
     {"edgetorch.devtools.inspector.generation", "edgetorch.devtools.inspector.inspector"},
-    {"edgetorch.export.recipe", "edgetorch.export.registry"},
 ]
 
 

@@ -18,10 +18,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from edgetorch.errors import RecipeError
-from edgetorch.export.recipe import ExportRecipe, LoweringRecipe, RecipeType
+from edgetorch.export.recipe import (
+    BackendRecipeProvider,
+    ExportRecipe,
+    LoweringRecipe,
+    RecipeType,
+    register_backend_recipe_provider,
+)
 from edgetorch.export.recipes_portable import QUANT_EXCLUSION_OPTIONS, int8_quantization_recipe
 from edgetorch.export.recipes_torchao import TORCHAO_RECIPES, pop_torchao_options, torchao_quantization_recipe
-from edgetorch.export.registry import BackendRecipeProvider, register_backend_recipe_provider
 
 __all__ = ["OrtRecipeProvider", "OrtRecipeType"]
 

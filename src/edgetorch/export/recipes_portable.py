@@ -8,9 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from edgetorch.errors import RecipeError
-from edgetorch.export.recipe import ExportRecipe, QuantizationRecipe, RecipeType
+from edgetorch.export.recipe import (
+    BackendRecipeProvider,
+    ExportRecipe,
+    QuantizationRecipe,
+    RecipeType,
+    register_backend_recipe_provider,
+)
 from edgetorch.export.recipes_torchao import TORCHAO_OPTIONS, TORCHAO_RECIPES, torchao_quantization_recipe
-from edgetorch.export.registry import BackendRecipeProvider, register_backend_recipe_provider
 
 __all__ = ["PortableRecipeProvider", "PortableRecipeType"]
 
