@@ -27,12 +27,14 @@ import json
 import logging
 import os
 import re
+import struct
 import zipfile
 from typing import Any
 
 import torch
 
 from edgetorch.devtools.etrecord._serde_fast import converting
+from edgetorch.devtools.etrecord._stored_torch import load_stored
 from edgetorch.errors import ETRecordFormatError
 from edgetorch.formats.handles import groups_from_tables, parse_handle
 
@@ -122,12 +124,46 @@ class _Zip:
             raise self.error(name, f"not valid JSON ({type(e).__name__}: {e})") from None
 
     def torch_load(self, name: str) -> Any:
-        data = self.read(name, MAX_TENSOR_BYTES)
+        """The ``torch.save`` archive stored under ``name``, read with torch's weights-only unpickler. A stored
+        (uncompressed) entry is read once into one buffer that every tensor views (no copy of the entry's
+        bytes, no second copy into each storage); its CRC is not computed (as ``torch.load(mmap=True)``)."""
+        info = self.infos[name]
+        if info.file_size > MAX_TENSOR_BYTES:
+            raise self.error(name, f"{info.file_size} bytes (at most {MAX_TENSOR_BYTES})")
         try:
-            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+            start = self._stored_data(info)
+            if start is None:
+                return torch.load(io.BytesIO(self.read(name, MAX_TENSOR_BYTES)), weights_only=True,
+                                  map_location="cpu")
+            return load_stored(self._raw(), start, info.file_size)
+        except ETRecordFormatError:
+            raise
         except Exception as e:  # weights_only refuses any pickle beyond tensors and plain containers
             raise self.error(name, f"cannot be read with torch.load(weights_only=True) "
                                    f"({type(e).__name__}: {str(e)[:200]})") from None
+
+    def _raw(self) -> Any:
+        fp = self.zf.fp
+        if fp is None:
+            raise ValueError("the archive is closed")
+        return fp
+
+    def _stored_data(self, info: zipfile.ZipInfo) -> int | None:
+        """The offset of a stored entry's bytes in the archive (None for a compressed or encrypted entry)."""
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+            return None
+        fp = self._raw()
+        fp.seek(info.header_offset)
+        head = fp.read(30)
+        if len(head) != 30 or head[:4] != b"PK\x03\x04":
+            raise self.error(info.filename, "bad local file header")
+        n, m = struct.unpack("<HH", head[26:30])
+        start = info.header_offset + 30 + n + m
+        end = fp.seek(0, io.SEEK_END)
+        if start + info.file_size > end:
+            raise self.error(info.filename, f"its {info.file_size} bytes at {start} run past the end of the "
+                                            f"archive ({end} bytes)")
+        return start
 
 
 # -- side tables ---------------------------------------------------------------------------------------------------
