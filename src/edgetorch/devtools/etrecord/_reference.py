@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from edgetorch.devtools.etrecord._tensors import _NAME_OF, DTYPES, UnsupportedValueError
+from edgetorch.devtools.etrecord._tensors import _NAME_OF, DTYPES, UnsupportedValueError, check_disjoint
 from edgetorch.runtime.ops import is_operator_allowed
 
 REFERENCE_FORMAT = "edgetorch.reference_graph"
@@ -584,6 +584,7 @@ def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torc
             root.register_parameter(name, t)
         else:
             root.register_buffer(name, t)
+    check_disjoint([(f"attribute {a['name']!r}", a["tensor"]) for a in attrs])  # each read and checked above
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
     vals: dict[tuple, torch.Tensor] = {}

@@ -216,6 +216,19 @@ def _build(blob: bytes | memoryview, dtype: torch.dtype, shape: list[int], strid
     return _finish(flat, dtype, shape, strides, what)
 
 
+def check_disjoint(records: list[tuple[str, Any]]) -> None:
+    """The stored byte ranges of ``records`` ((what, record) pairs of one document) are disjoint, or one range
+    stored once and named twice (a tied weight): an offset moved onto another tensor's bytes (64-byte aligned,
+    so the alignment check passes) would read that tensor's values. Malformed records are left to
+    ``check_record``."""
+    spans = sorted((r["offset"], r["nbytes"], what) for what, r in records if isinstance(r, dict)
+                   and _is_int(r.get("offset")) and _is_int(r.get("nbytes")) and r["nbytes"] > 0)
+    for (a, na, wa), (b, nb, wb) in zip(spans, spans[1:]):
+        if b < a + na and (a, na) != (b, nb):
+            raise TensorDataError(f"{wb}: bytes [{b}, {b + nb}) overlap the bytes [{a}, {a + na}) of {wa} (every "
+                                  "stored tensor has bytes of its own: an offset moved onto another tensor?)")
+
+
 def read_tensor(rec: Any, blob: bytes | memoryview, what: str) -> torch.Tensor:
     """Builds one tensor from a record written by ``TensorBlobWriter.add``; validates every field first."""
     return _build(blob, *check_record(rec, len(blob), what), what)
