@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from edgetorch.cli._common import CliError, check_output_path, guarded
@@ -284,8 +285,17 @@ def _dump_outputs(program: Any, outputs_per_run: list[list], plan: Any, etdump_p
 # The command
 # ----------------------------------------------------------------------------------------------
 
-def _main(args: argparse.Namespace) -> int:
-    out = sys.stdout
+@dataclass
+class _Request:
+    """What the flags ask for, checked: the file, its kind and where the trace goes."""
+
+    bundled: bool
+    path: str
+    dump_level: str | None  # "outputs", "intermediates" or None
+    etdump_path: str | None
+
+
+def _check_args(args: argparse.Namespace) -> _Request:
     if args.bundled_program_path is not None and args.model_path is not None:
         raise CliError("give either --bundled_program_path or --model_path, not both")
     bundled = args.model_path is None
@@ -310,110 +320,104 @@ def _main(args: argparse.Namespace) -> int:
         check_output_path(args.debug_output_path, "--debug_output_path")
         if os.path.abspath(args.debug_output_path) == os.path.abspath(etdump_path):
             raise CliError("--etdump_path and --debug_output_path name the same file")
+    return _Request(bundled, path, dump_level, etdump_path)
 
-    from edgetorch.cli.run_reference import reference_kind
 
-    kind = reference_kind(path)
-    if kind is not None:  # written by the reference ExecuTorch: its own runtime runs it
-        return _run_reference(args, path, kind, etdump_path, dump_level, out)
-
+def _map_file(path: str) -> Any:
     import mmap
 
-    from edgetorch.errors import (
-        DebugBufferConfigError,
-        DebugBufferOverflowError,
-        EdgeTorchError,
-        FormatError,
-        RuntimeInputError,
-    )
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _read_test_case(args: argparse.Namespace, path: str) -> tuple[str, list, list | None]:
+    """A bundled program's test case: (method name, flat inputs, expected outputs or None)."""
+    import mmap
+
+    from edgetorch.errors import FormatError
     from edgetorch.formats import bundled_program as bpf
 
-    # -- read the test case ------------------------------------------------------------------------------
-    flat_inputs: list | None = None
-    expected: list | None = None
-    if bundled:
+    buf = _map_file(path)
+    if not bpf.is_bundled_program(buf):
+        if bytes(buf[:8]) == bpf.PTE_MAGIC:
+            raise CliError(f"{path} is a plain program (.pte), not a bundled program: pass it with --model_path")
+        raise CliError(f"{path} is not an edgetorch bundled program (.bpte)")
+    try:
+        bundle = bpf.read_bundle(buf, path)
+    except FormatError as e:
+        raise CliError(str(e)) from None
+    names = [s.method_name for s in bundle.suites]
+    if not names:
+        raise CliError(f"{path} holds no test cases")
+    method_name = args.method if args.method is not None else _resolve_method(names, None, path)
+    if method_name not in names:
+        raise CliError(f"{path} has no test cases for method '{method_name}' (bundled methods: "
+                       f"{', '.join(names)})")
+    cases = bundle.suite(method_name).test_cases
+    if not 0 <= args.testset_idx < len(cases):
+        raise CliError(f"--testset_idx {args.testset_idx} is out of range: method '{method_name}' has "
+                       f"{len(cases)} test case(s) (0..{len(cases) - 1})")
+    case = cases[args.testset_idx]
+    flat_inputs = [bpf.tensor_to_torch(v) if isinstance(v, bpf.TensorData) else v for v in case.inputs]
+    expected = None
+    if case.expected_outputs is not None:
+        expected = [bpf.tensor_to_torch(v) if isinstance(v, bpf.TensorData) else v for v in case.expected_outputs]
+    if args.output_verification and expected is None:
+        raise CliError(f"--output_verification: test case {args.testset_idx} of method '{method_name}' has no "
+                       "expected outputs")
+    del bundle, case, cases
+    if isinstance(buf, mmap.mmap):
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        except OSError as e:
-            raise CliError(f"cannot read {path}: {e.strerror or e}") from None
-        if not bpf.is_bundled_program(buf):
-            if bytes(buf[:8]) == bpf.PTE_MAGIC:
-                raise CliError(f"{path} is a plain program (.pte), not a bundled program: pass it with --model_path")
-            raise CliError(f"{path} is not an edgetorch bundled program (.bpte)")
-        try:
-            bundle = bpf.read_bundle(buf, path)
-        except FormatError as e:
-            raise CliError(str(e)) from None
-        names = [s.method_name for s in bundle.suites]
-        if not names:
-            raise CliError(f"{path} holds no test cases")
-        method_name = args.method if args.method is not None else _resolve_method(names, None, path)
-        if method_name not in names:
-            raise CliError(f"{path} has no test cases for method '{method_name}' (bundled methods: "
-                           f"{', '.join(names)})")
-        cases = bundle.suite(method_name).test_cases
-        if not 0 <= args.testset_idx < len(cases):
-            raise CliError(f"--testset_idx {args.testset_idx} is out of range: method '{method_name}' has "
-                           f"{len(cases)} test case(s) (0..{len(cases) - 1})")
-        case = cases[args.testset_idx]
-        conv = [bpf.tensor_to_torch(v) if isinstance(v, bpf.TensorData) else v for v in case.inputs]
-        flat_inputs = conv
-        if case.expected_outputs is not None:
-            expected = [bpf.tensor_to_torch(v) if isinstance(v, bpf.TensorData) else v
-                        for v in case.expected_outputs]
-        if args.output_verification and expected is None:
-            raise CliError(f"--output_verification: test case {args.testset_idx} of method '{method_name}' has no "
-                           "expected outputs")
-        del bundle, case, cases
-        if isinstance(buf, mmap.mmap):
-            try:
-                buf.close()
-            except BufferError:  # a view is still alive somewhere: the mapping goes with it
-                pass
+            buf.close()
+        except BufferError:  # a view is still alive somewhere: the mapping goes with it
+            pass
+    return method_name, flat_inputs, expected
 
-    # -- load ------------------------------------------------------------------------------------------
+
+def _load(args: argparse.Namespace, req: _Request, method_name: str | None) -> tuple[Any, Any, float]:
+    """Loads the program (fully verified) and its method: (program, method, load seconds)."""
+    from edgetorch.errors import DebugBufferConfigError, EdgeTorchError, FormatError
     from edgetorch.runtime import Runtime, Verification
 
-    trace = etdump_path is not None
-    dbg_size = args.debug_buffer_size if dump_level == "intermediates" else 0
+    dbg_size = args.debug_buffer_size if req.dump_level == "intermediates" else 0
     t0 = time.perf_counter()
     try:
         # the command line verifies the whole file, weights included, before running it
-        program = Runtime.get().load_program(path, enable_etdump=trace, debug_buffer_size=dbg_size,
-                                             verification=Verification.Full)
+        program = Runtime.get().load_program(req.path, enable_etdump=req.etdump_path is not None,
+                                             debug_buffer_size=dbg_size, verification=Verification.Full)
     except (FormatError, DebugBufferConfigError) as e:
         raise CliError(str(e)) from None
     except EdgeTorchError as e:
-        raise RunFailed(f"cannot load {path}: {e}") from None
-    print(f"Model file {path} is loaded.", file=out)
-    if not bundled:
-        method_name = _resolve_method(sorted(program.method_names), args.method, path)
+        raise RunFailed(f"cannot load {req.path}: {e}") from None
+    print(f"Model file {req.path} is loaded.", file=sys.stdout)
+    if not req.bundled:
+        method_name = _resolve_method(sorted(program.method_names), args.method, req.path)
     elif method_name not in program.method_names:
-        raise CliError(f"{path}: the embedded program has no method '{method_name}'")
+        raise CliError(f"{req.path}: the embedded program has no method '{method_name}'")
     try:
         method = program.load_method(method_name)
     except FormatError as e:
         raise CliError(str(e)) from None
     except EdgeTorchError as e:
         raise RunFailed(f"cannot load method '{method_name}': {e}") from None
-    t1 = time.perf_counter()
-    plan = method.plan
-    _check_buffer_size(args, method, dump_level)
-    if flat_inputs is None:
-        flat_inputs = _ones_inputs(plan)
-        print(f"Inputs: {len(flat_inputs)} filled with ones", file=out)
-    print(f"Running method {method_name}" + (f" (test case {args.testset_idx})" if bundled else ""), file=out)
-    if trace and bundled:
-        program.tracer.set_bundled_input_index(args.testset_idx)
-    call_args, call_kwargs = _call_args(plan, flat_inputs)
+    return program, method, time.perf_counter() - t0
 
-    # -- execute ---------------------------------------------------------------------------------------
+
+def _execute(args: argparse.Namespace, method: Any, flat_inputs: list, keep: bool) -> tuple[list, list[list],
+                                                                                            list[float]]:
+    """Runs the method ``--num_executions`` times: (last flat outputs, each run's outputs if ``keep``, times)."""
     import torch.utils._pytree as pytree
 
+    from edgetorch.errors import DebugBufferOverflowError, EdgeTorchError, RuntimeInputError
+
+    call_args, call_kwargs = _call_args(method.plan, flat_inputs)
     outputs_per_run: list[list] = []
     times = []
+    flat_out: list = []
     for _ in range(args.num_executions):
         t2 = time.perf_counter()
         try:
@@ -421,58 +425,90 @@ def _main(args: argparse.Namespace) -> int:
         except (RuntimeInputError, DebugBufferOverflowError) as e:  # inputs that do not fit, a buffer too small
             raise CliError(str(e)) from None
         except EdgeTorchError as e:
-            raise RunFailed(f"method '{method_name}' failed: {e}") from None
+            raise RunFailed(f"method '{method.name}' failed: {e}") from None
         times.append(time.perf_counter() - t2)
         flat_out = pytree.tree_leaves(result)
-        outputs_per_run.append(flat_out if dump_level == "outputs" else [])
+        outputs_per_run.append(flat_out if keep else [])
+    return flat_out, outputs_per_run, times
+
+
+def _write_trace(args: argparse.Namespace, req: _Request, program: Any, method: Any,
+                 outputs_per_run: list[list]) -> None:
+    """Writes the ETDump and, with a dump level, the debug buffer (program outputs or every intermediate)."""
+    from edgetorch.errors import EdgeTorchError
+
+    out, etdump_path = sys.stdout, req.etdump_path
+    try:
+        if req.dump_level == "outputs":
+            n = _dump_outputs(program, outputs_per_run, method.plan, etdump_path, args.debug_output_path,
+                              args.debug_buffer_size)
+            print(f"ETDump written to {etdump_path}; program outputs ({n} bytes) written to "
+                  f"{args.debug_output_path}.", file=out)
+        elif req.dump_level == "intermediates":
+            program.write_etdump_result_to_file(etdump_path, args.debug_output_path)
+            n = program.tracer.sink.used_bytes
+            print(f"ETDump written to {etdump_path}; intermediate outputs ({n} bytes) written to "
+                  f"{args.debug_output_path}.", file=out)
+        else:
+            program.write_etdump_result_to_file(etdump_path)
+            print(f"ETDump written to {etdump_path}.", file=out)
+    except OSError as e:
+        raise CliError(f"cannot write the ETDump or debug buffer {e.filename or etdump_path}: "
+                       f"{e.strerror or e}") from None
+    except EdgeTorchError as e:
+        raise RunFailed(str(e)) from None
+
+
+def _verify(args: argparse.Namespace, method_name: str, flat_out: list, expected: list) -> int:
+    """Compares the outputs with the bundled expected ones; prints the error statistics; the exit status."""
+    out = sys.stdout
+    if len(flat_out) != len(expected):
+        print(f"Bundle verification failed: method '{method_name}' returned {len(flat_out)} output(s), "
+              f"the test case expects {len(expected)}.", file=out)
+        return EXIT_VERIFY_FAILED
+    checks = [compare_output(j, a, e, args.rtol, args.atol) for j, (a, e) in enumerate(zip(flat_out, expected))]
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        print(f"Bundle verification failed (rtol={args.rtol:g}, atol={args.atol:g}): {len(bad)} of "
+              f"{len(checks)} output(s) differ. Error statistics:", file=out)
+    else:
+        print(f"Model verified successfully (rtol={args.rtol:g}, atol={args.atol:g}). Error statistics:",
+              file=out)
+    for c in checks:
+        print(c.line(), file=out)
+    out.flush()
+    return EXIT_VERIFY_FAILED if bad else EXIT_OK
+
+
+def _main(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    req = _check_args(args)
+    from edgetorch.cli.run_reference import reference_kind
+
+    kind = reference_kind(req.path)
+    if kind is not None:  # written by the reference ExecuTorch: its own runtime runs it
+        return _run_reference(args, req.path, kind, req.etdump_path, req.dump_level, out)
+    method_name, flat_inputs, expected = _read_test_case(args, req.path) if req.bundled else (None, None, None)
+    program, method, load_s = _load(args, req, method_name)
+    _check_buffer_size(args, method, req.dump_level)
+    if flat_inputs is None:
+        flat_inputs = _ones_inputs(method.plan)
+        print(f"Inputs: {len(flat_inputs)} filled with ones", file=out)
+    print(f"Running method {method.name}" + (f" (test case {args.testset_idx})" if req.bundled else ""), file=out)
+    if req.etdump_path is not None and req.bundled:
+        program.tracer.set_bundled_input_index(args.testset_idx)
+    flat_out, outputs_per_run, times = _execute(args, method, flat_inputs, req.dump_level == "outputs")
     ms = 1000 * sum(times) / len(times)
     runs = f"{args.num_executions} executions, {ms:.2f} ms each on average" if args.num_executions > 1 \
         else f"{ms:.2f} ms"
-    print(f"Model executed successfully ({runs}; load {1000 * (t1 - t0):.1f} ms).", file=out)
+    print(f"Model executed successfully ({runs}; load {1000 * load_s:.1f} ms).", file=out)
     if args.print_output:
         for j, v in enumerate(flat_out):
             print(f"Output {j}: {v}", file=out)
-
-    # -- ETDump / debug buffer ------------------------------------------------------------------------------
-    if trace:
-        try:
-            if dump_level == "outputs":
-                n = _dump_outputs(program, outputs_per_run, plan, etdump_path, args.debug_output_path,
-                                  args.debug_buffer_size)
-                print(f"ETDump written to {etdump_path}; program outputs ({n} bytes) written to "
-                      f"{args.debug_output_path}.", file=out)
-            elif dump_level == "intermediates":
-                program.write_etdump_result_to_file(etdump_path, args.debug_output_path)
-                n = program.tracer.sink.used_bytes
-                print(f"ETDump written to {etdump_path}; intermediate outputs ({n} bytes) written to "
-                      f"{args.debug_output_path}.", file=out)
-            else:
-                program.write_etdump_result_to_file(etdump_path)
-                print(f"ETDump written to {etdump_path}.", file=out)
-        except OSError as e:
-            raise CliError(f"cannot write the ETDump or debug buffer {e.filename or etdump_path}: "
-                           f"{e.strerror or e}") from None
-        except EdgeTorchError as e:
-            raise RunFailed(str(e)) from None
-
-    # -- verification ------------------------------------------------------------------------------------
+    if req.etdump_path is not None:
+        _write_trace(args, req, program, method, outputs_per_run)
     if args.output_verification:
-        if len(flat_out) != len(expected):
-            print(f"Bundle verification failed: method '{method_name}' returned {len(flat_out)} output(s), "
-                  f"the test case expects {len(expected)}.", file=out)
-            return EXIT_VERIFY_FAILED
-        checks = [compare_output(j, a, e, args.rtol, args.atol) for j, (a, e) in enumerate(zip(flat_out, expected))]
-        bad = [c for c in checks if not c.ok]
-        if bad:
-            print(f"Bundle verification failed (rtol={args.rtol:g}, atol={args.atol:g}): {len(bad)} of "
-                  f"{len(checks)} output(s) differ. Error statistics:", file=out)
-        else:
-            print(f"Model verified successfully (rtol={args.rtol:g}, atol={args.atol:g}). Error statistics:",
-                  file=out)
-        for c in checks:
-            print(c.line(), file=out)
-        out.flush()
-        return EXIT_VERIFY_FAILED if bad else EXIT_OK
+        return _verify(args, method.name, flat_out, expected)
     return EXIT_OK
 
 
