@@ -14,6 +14,8 @@ from torch.export import ExportedProgram
 from edgetorch._fileio import atomic_write
 from edgetorch.devtools.etrecord import _archive as ar
 from edgetorch.devtools.etrecord import _executorch
+from edgetorch.devtools.etrecord._archive_read import ArchiveSource, read_archive
+from edgetorch.devtools.etrecord._handle_tables import groups_from_legacy
 from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_program, reference_from_program
 from edgetorch.devtools.etrecord._tensors import UnsupportedValueError
 from edgetorch.errors import ETRecordError, MethodNotFoundError
@@ -111,7 +113,7 @@ class ETRecord:
                  memory_plan: dict[str, dict[str, Any]] | None = None,
                  delegate_outputs: dict[str, dict[int, list[list[int] | None]]] | None = None,
                  handle_groups: dict[str, list[HandleGroup]] | None = None) -> None:
-        self._lazy: ar.ArchiveSource | None = None
+        self._lazy: ArchiveSource | None = None
         aten = dict(exported_programs or {})
         if exported_program is not None:
             aten["forward"] = exported_program
@@ -128,7 +130,7 @@ class ETRecord:
         #: map, delegate map, delegate outputs) are read into it by the same parser as old files.
         self._handle_groups: dict[str, list[HandleGroup]] | None = (
             {m: list(gs) for m, gs in handle_groups.items()} if handle_groups is not None
-            else ar.groups_from_legacy(_debug_handle_map, _delegate_map, delegate_outputs))
+            else groups_from_legacy(_debug_handle_map, _delegate_map, delegate_outputs))
         self._reference_outputs: dict[str, list[Any]] | None = _reference_outputs
         self._representative_inputs: dict[str, list[tuple]] | None = _representative_inputs
         self.program_hash: str | None = program_hash
@@ -483,16 +485,21 @@ class ETRecord:
     def to_bytes(self) -> bytes:
         """The ETRecord file as bytes."""
         self._check_complete()
-        return ar.to_bytes(ar.build_entries(self))
+        return ar.to_bytes(ar.build_entries(self._contents()))
 
     def save(self, path: PathOrFile) -> None:
         """Writes the ETRecord zip (atomically for a path). Needs the edge program and the debug-handle map."""
         self._check_complete()
-        entries = ar.build_entries(self)  # everything serialized before the file is touched
+        entries = ar.build_entries(self._contents())  # everything serialized before the file is touched
         if hasattr(path, "write"):
             ar.write_entries(path, entries)  # type: ignore[arg-type]
         else:
             atomic_write(path, writer=lambda f: ar.write_entries(f, entries))
+
+    def _contents(self) -> ar.RecordContents:
+        return ar.RecordContents(self.exported_programs, self.edge_programs, self.graph_map, self.handle_groups,
+                                 self._representative_inputs, self._reference_outputs, self.program_hash,
+                                 self.memory_plan)
 
     def _check_complete(self) -> None:
         missing = [what for what, ok in (("the edge dialect program", bool(self._program_names("edge"))),
@@ -530,7 +537,7 @@ def parse_etrecord(etrecord_path: PathOrFile) -> ETRecord:
         rec._lazy = source  # programs deserialized on first use
         rec._roles = dict.fromkeys(ETRecord._ROLES)
         return rec
-    fields, lazy = ar.read_archive(source, path)
+    fields, lazy = read_archive(source, path)
     rec = ETRecord(**fields)
     rec._lazy = lazy
     rec._roles = dict.fromkeys(ETRecord._ROLES)  # loaded on first use (the source keeps the method names)
