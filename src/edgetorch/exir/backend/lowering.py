@@ -120,13 +120,8 @@ def _partition_program(ep: ExportedProgram, nodes: list[torch.fx.Node], name: st
     return sub_ep, act_inputs, list(orig_outputs)
 
 
-def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: str = "forward") -> ExportedProgram:
-    """Lowers the partitions ``partitioner`` tags; returns a new program with delegate calls."""
-    t0 = time.perf_counter()
-    work = clone_program(ep)
-    result = partitioner.partition(work)
-    tagged = result.tagged_exported_program
-    gm = tagged.graph_module
+def _group_partitions(gm: torch.fx.GraphModule, result, method: str) -> dict[str, list[torch.fx.Node]]:
+    """Step 1, grouping: the tagged call_function nodes by partition tag, in graph order."""
     groups: dict[str, list[torch.fx.Node]] = {}
     for n in gm.graph.nodes:
         tag = n.meta.get(DELEGATION_TAG)
@@ -136,52 +131,64 @@ def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: st
             raise ExportError(f"method '{method}': node '{n.name}' is tagged '{tag}', which the partitioner did not "
                               "describe in partition_tags")
         groups.setdefault(tag, []).append(n)
-    if not groups:
-        return ep
-    top = max((get_debug_handle(n) or 0 for n in gm.graph.nodes), default=0)
-    for i, (tag, nodes) in enumerate(groups.items()):
-        spec = result.partition_tags[tag]
-        # getitems of a multi-output node inside the partition belong to it as well
-        inside = dict.fromkeys(nodes)
-        for n in list(nodes):
-            for u in n.users:
-                if u.target is operator.getitem and u not in inside:
-                    inside[u] = None
-        nodes = [n for n in gm.graph.nodes if n in inside]
-        if not validate_partition(nodes):
-            raise ExportError(f"method '{method}': partition '{tag}' is not convex (a path leaves it and comes "
-                              "back); the partitioner must split it")
-        sub_ep, act_inputs, outputs = _partition_program(tagged, nodes, f"{spec.backend_id}_{i}")
-        backend = get_backend_details(spec.backend_id)
-        t1 = time.perf_counter()
-        res = backend.preprocess(sub_ep, list(spec.compile_specs))
-        log.info("preprocess %s partition %s (%d ops) in %.2fs", spec.backend_id, tag, len(nodes),
-                 time.perf_counter() - t1)
-        out_vals = [o.meta["val"] for o in outputs]
-        lowered = LoweredBackendModule(
-            spec.backend_id, bytes(res.processed_bytes), list(spec.compile_specs), sub_ep,
-            {k: tuple(v) for k, v in (res.debug_handle_map or {}).items()},
-            [(tuple(v.shape), v.dtype) for v in out_vals], debug_buffer_bytes=res.debug_buffer_bytes)
-        last = nodes[-1]
-        with gm.graph.inserting_after(last):
-            call = gm.graph.call_function(CALL_DELEGATE, (list(act_inputs), lowered.key))
-        top += 1
-        call.meta["val"] = list(out_vals)
-        call.meta["lowered_module"] = lowered
-        call.meta["stack_trace"] = nodes[0].meta.get("stack_trace")
-        call.meta["nn_module_stack"] = nodes[0].meta.get("nn_module_stack")
-        set_debug_handle(call, top)
-        call.name = f"lowered_{spec.backend_id}_{i}"
-        for j, o in enumerate(outputs):
-            with gm.graph.inserting_after(call):
-                gi = gm.graph.call_function(operator.getitem, (call, j))
-            gi.meta["val"] = o.meta["val"]
-            set_debug_handle(gi, top)
-            o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inside)
-        for n in reversed(nodes):
-            gm.graph.erase_node(n)
-    legalize_graph(gm)
-    # parameters now only read inside delegates leave the owning program
+    return groups
+
+
+def _close_partition(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node], tag: str, method: str
+                     ) -> dict[torch.fx.Node, None]:
+    """A partition with the getitems of its multi-output nodes, in graph order; refuses a non-convex one."""
+    inside = dict.fromkeys(nodes)
+    for n in list(nodes):
+        for u in n.users:
+            if u.target is operator.getitem and u not in inside:
+                inside[u] = None
+    ordered = dict.fromkeys(n for n in gm.graph.nodes if n in inside)
+    if not validate_partition(list(ordered)):
+        raise ExportError(f"method '{method}': partition '{tag}' is not convex (a path leaves it and comes "
+                          "back); the partitioner must split it")
+    return ordered
+
+
+def _preprocess(spec, sub_ep: ExportedProgram, outputs: list[torch.fx.Node], tag: str,
+                n_ops: int) -> LoweredBackendModule:
+    """Step 3, preprocess: the backend turns the re-exported partition into its blob."""
+    backend = get_backend_details(spec.backend_id)
+    t1 = time.perf_counter()
+    res = backend.preprocess(sub_ep, list(spec.compile_specs))
+    log.info("preprocess %s partition %s (%d ops) in %.2fs", spec.backend_id, tag, n_ops, time.perf_counter() - t1)
+    out_vals = [o.meta["val"] for o in outputs]
+    return LoweredBackendModule(
+        spec.backend_id, bytes(res.processed_bytes), list(spec.compile_specs), sub_ep,
+        {k: tuple(v) for k, v in (res.debug_handle_map or {}).items()},
+        [(tuple(v.shape), v.dtype) for v in out_vals], debug_buffer_bytes=res.debug_buffer_bytes)
+
+
+def _splice(gm: torch.fx.GraphModule, inside: dict[torch.fx.Node, None], act_inputs: list[torch.fx.Node],
+            outputs: list[torch.fx.Node], lowered: LoweredBackendModule, handle: int, name: str) -> None:
+    """Step 4, splice (and step 5, handles): one delegate call (debug handle ``handle``, shared by its
+    getitems) replaces the partition's nodes."""
+    nodes = list(inside)
+    with gm.graph.inserting_after(nodes[-1]):
+        call = gm.graph.call_function(CALL_DELEGATE, (list(act_inputs), lowered.key))
+    call.meta["val"] = [o.meta["val"] for o in outputs]
+    call.meta["lowered_module"] = lowered
+    call.meta["stack_trace"] = nodes[0].meta.get("stack_trace")
+    call.meta["nn_module_stack"] = nodes[0].meta.get("nn_module_stack")
+    set_debug_handle(call, handle)
+    call.name = name
+    for j, o in enumerate(outputs):
+        with gm.graph.inserting_after(call):
+            gi = gm.graph.call_function(operator.getitem, (call, j))
+        gi.meta["val"] = o.meta["val"]
+        set_debug_handle(gi, handle)
+        o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inside)
+    for n in reversed(nodes):
+        gm.graph.erase_node(n)
+
+
+def _prune_signature(tagged: ExportedProgram, gm: torch.fx.GraphModule) -> tuple[ExportGraphSignature, dict, dict]:
+    """Step 6, signature pruning: parameters now only read inside delegates leave the owning program; the
+    output specs follow the renamed outputs. Returns (signature, state dict, constants)."""
     sig = tagged.graph_signature
     drop = {n.name for n in gm.graph.nodes if n.op == "placeholder" and not n.users}
     keep_specs = []
@@ -206,7 +213,32 @@ def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: st
         if isinstance(a, torch.fx.Node) and hasattr(s.arg, "name"):
             s.arg = type(s.arg)(name=a.name)
         out_specs.append(s)
-    new_sig = ExportGraphSignature(keep_specs, out_specs)
+    return ExportGraphSignature(keep_specs, out_specs), state_dict, constants
+
+
+def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: str = "forward") -> ExportedProgram:
+    """Lowers the partitions ``partitioner`` tags; returns a new program with delegate calls. Steps: grouping,
+    re-export of each partition, preprocess, splice of its delegate call with a fresh debug handle, then
+    signature pruning."""
+    t0 = time.perf_counter()
+    work = clone_program(ep)
+    result = partitioner.partition(work)
+    tagged = result.tagged_exported_program
+    gm = tagged.graph_module
+    groups = _group_partitions(gm, result, method)
+    if not groups:
+        return ep
+    top = max((get_debug_handle(n) or 0 for n in gm.graph.nodes), default=0)
+    for i, (tag, nodes) in enumerate(groups.items()):
+        spec = result.partition_tags[tag]
+        inside = _close_partition(gm, nodes, tag, method)
+        nodes = list(inside)
+        sub_ep, act_inputs, outputs = _partition_program(tagged, nodes, f"{spec.backend_id}_{i}")  # step 2
+        lowered = _preprocess(spec, sub_ep, outputs, tag, len(nodes))
+        top += 1
+        _splice(gm, inside, act_inputs, outputs, lowered, top, f"lowered_{spec.backend_id}_{i}")
+    legalize_graph(gm)
+    new_sig, state_dict, constants = _prune_signature(tagged, gm)
     lowered_ep = clone_program(tagged, gm, new_sig, state_dict, constants)
     log.info("to_backend(%s): %d partitions in %.2fs", method, len(groups), time.perf_counter() - t0)
     return lowered_ep
