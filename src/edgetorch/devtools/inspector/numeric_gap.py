@@ -19,6 +19,8 @@ floating-point rows use the requested distance (``MSE``, ``SNR``, ... or the cus
 integer and bool rows are compared exactly and report ``MISMATCH_FRACTION`` (``comparators.EXACT_METRIC``): the
 fraction of elements that differ (0.0 = identical, larger is worse, whatever the distance), with the count of
 differing elements in ``mismatches`` (None on floating-point rows). ``dtype`` is the dtype both sides share.
+``kind`` is the row's ``HandleGroup.kind`` (``formats.handles``: ``kernel``, ``delegate_call`` or ``in_delegate``; a
+categorical of ``KINDS``): test it, never the display string in ``runtime_ops``.
 ``df.attrs["distance"]`` is the requested metric and ``df.attrs["exact_metric"]`` the one of exact rows.
 
 Scale-aware columns (``inspector.noise``): ``rel_error`` (accumulated ``||runtime - ref||_2 / ||ref||_2``),
@@ -59,7 +61,7 @@ from edgetorch.devtools.inspector.comparators import (
 from edgetorch.devtools.inspector.noise import floor_from_units, noise_model_attrs, op_noise, rel_error, verdict
 from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import nodes_by_handle, source_location
-from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup, OutputSource
+from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, KINDS, HandleGroup, OutputSource
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +471,7 @@ def _delegate_boundaries(rows: list[dict[str, Any]]) -> None:
     (a delegate may compute its plain outputs and its observed intermediates in differently fused runs)."""
     inner = {(r["in_delegate_call"], r["ref_handle"]): r for r in rows if r["in_delegate_call"] is not None}
     for r in rows:
-        if r["runtime_ops"] != ["DELEGATE_CALL"]:
+        if r["kind"] != DELEGATE_CALL:
             continue
         i = inner.get((r["instruction_id"], r["ref_handle"]))
         if i is None:
@@ -600,7 +602,8 @@ def _row(j: _Join, e: RuntimeEntry, h: int, ref: torch.Tensor, rt: torch.Tensor,
                            j.walk.carry.get(node, 0.0), _delegated(e), same)
     return {
         "aot_debug_handle": tuple(group), "aot_ops": [n.name for x in group for n in j.nodes.get(x, [])],
-        "aot_intermediate_output": ref, "runtime_ops": list(e.ops), "runtime_debug_handle": tuple(e.handles),
+        "aot_intermediate_output": ref, "runtime_ops": list(e.ops), "kind": e.group.kind,
+        "runtime_debug_handle": tuple(e.handles),
         "runtime_intermediate_output": rt, "gap": [gap], "local_gap": [lgap], "metric": metric,
         "mismatches": mismatches, "dtype": str(ref.dtype).removeprefix("torch."),
         "stacktraces": {n.name: n.meta.get("stack_trace") for x in group for n in j.nodes.get(x, [])},
@@ -620,7 +623,7 @@ def _unmatched_reference(j: _Join, covered: set[int], view_only: set[int], cov: 
                               "instruction_id": None, "reason": reason})
 
 
-_COLUMNS = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_ops", "runtime_debug_handle",
+_COLUMNS = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_ops", "kind", "runtime_debug_handle",
             "runtime_intermediate_output", "gap", "local_gap", "metric", "mismatches", "dtype", "stacktraces",
             "source", "module", "instruction_id", "delegate", "in_delegate_call", "shape", "ref_handle",
             *SCALE_COLUMNS]
@@ -628,6 +631,7 @@ _COLUMNS = ["aot_debug_handle", "aot_ops", "aot_intermediate_output", "runtime_o
 
 def _frame(rows: list[dict[str, Any]], cov: Coverage) -> pd.DataFrame:
     df = GapFrame(rows, columns=_COLUMNS)  # prints one-value gaps as numbers (inspector._frame)
+    df["kind"] = pd.Categorical([r["kind"] for r in rows], categories=KINDS)  # typed: the schema's codes only
     df["mismatches"] = pd.Series([r["mismatches"] for r in rows], index=df.index, dtype=object)  # int | None
     for c in SCALE_COLUMNS[:3]:
         df[c] = pd.Series([r[c] for r in rows], index=df.index, dtype=object)  # float | None
