@@ -165,7 +165,8 @@ class Method:
     def _arena_view(self, dtype: torch.dtype) -> torch.Tensor:
         t = self._arena_views.get(dtype)
         if t is None:
-            t = self._arena.view(dtype) if self._arena.numel() else torch.empty(0, dtype=dtype)
+            n = self._arena.numel() - self._arena.numel() % dtype.itemsize  # whole elements (Minimal: any size)
+            t = self._arena[:n].view(dtype) if n else torch.empty(0, dtype=dtype)
             self._arena_views[dtype] = t
         return t
 
@@ -182,8 +183,8 @@ class Method:
                                                               f"{self.name}.values[{i}]")
                 if v.nbytes == 0:
                     return torch.empty_strided(sizes, strides, dtype=dtype)
-                base = self._arena_view(dtype)
-                return torch.as_strided(base, sizes, strides, v.arena_offset // dtype.itemsize + off)
+                return _strided(self._arena_view(dtype), sizes, strides, v.arena_offset // dtype.itemsize + off,
+                                f"method '{self.name}': planned value {i}", f"{self.name}.values[{i}]")
             if v.placement == pf.PLACEMENT_MUTABLE:
                 mb = self._plan.mutable_buffers[v.buffer_index]
                 self._buffers.append(mb.name)
@@ -194,7 +195,8 @@ class Method:
                     return torch.empty_strided(v.sizes, v.strides, dtype=dtype)
                 raw = torch.frombuffer(loaded.buffer, dtype=torch.uint8, count=size - size % dtype.itemsize,
                                        offset=loaded.segment_base + off)
-                return torch.as_strided(raw.view(dtype), v.sizes, v.strides, v.storage_offset)
+                return _strided(raw.view(dtype), v.sizes, v.strides, v.storage_offset,
+                                f"method '{self.name}': constant value {i}", f"{self.name}.values[{i}]")
             return None  # ALIAS / DYNAMIC: produced by an instruction
         if isinstance(v, pf.IntListV):
             return list(v.items)
@@ -663,6 +665,16 @@ def _allocate_arena(plan: pf.PlanDef) -> torch.Tensor:
     except (RuntimeError, MemoryError) as e:  # a size the verifier accepted (Minimal) but memory cannot hold
         raise ProgramFormatError(f"method '{plan.name}': cannot allocate its {plan.arena_size}-byte arena ({e})",
                                  field=f"{plan.name}.arena_size") from None
+
+
+def _strided(base: torch.Tensor, sizes: Any, strides: Any, offset: int, what: str, fld: str) -> torch.Tensor:
+    """``as_strided`` with a typed error when the layout leaves its storage (what InternalConsistency refuses
+    before; under Minimal this is the check)."""
+    try:
+        return torch.as_strided(base, sizes, strides, offset)
+    except RuntimeError as e:
+        raise ProgramFormatError(f"{what} lies outside its storage ({str(e).splitlines()[0][:200]}) (the file is "
+                                 "inconsistent: corrupted or edited?)", field=fld) from None
 
 
 def _sym_sizes(v: pf.TensorDef) -> list:

@@ -65,7 +65,7 @@ import onnxruntime as ort
 import torch
 
 from edgetorch.backends.onnxruntime import _blob, _qdq, _shapes
-from edgetorch.errors import RuntimeInputError
+from edgetorch.errors import ProgramFormatError, RuntimeInputError
 from edgetorch.formats import etdump as ed
 from edgetorch.runtime._copy import copy_into
 from edgetorch.runtime.backend_registry import register_backend
@@ -121,16 +121,29 @@ def _options(compile_specs: dict[str, bytes]) -> dict[str, str]:
 class _Binding:
     io: Any
     pre: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (src, staging) before run
-    post: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (staging, dst) after run
+    post: list[_Store] = field(default_factory=list)  # staged outputs copied into their slots after the run
 
 
-def _non_overlapping(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src, dst) narrowed to index 0 along every dimension ``dst`` broadcasts (stride 0), so that ``copy_``
-    never writes one memory location twice (planned outputs of ``expand`` are such views)."""
-    for d in range(dst.dim()):
-        if dst.stride(d) == 0 and dst.shape[d] > 1:
+class _Store:
+    """Copies a staged output into its planned slot, narrowed to index 0 along every dimension the slot
+    broadcasts (stride 0), so that ``copy_`` never writes one memory location twice (planned outputs of
+    ``expand`` are such views). The staged values must then be equal along those dimensions: a slot edited into
+    a broadcast would otherwise keep one of the delegate's values and drop the others (typed error instead)."""
+
+    def __init__(self, staged: torch.Tensor, dst: torch.Tensor, name: str) -> None:
+        self.staged, self.name, src = staged, name, staged
+        self.dims = [d for d in range(dst.dim()) if dst.stride(d) == 0 and dst.shape[d] > 1]
+        for d in self.dims:
             src, dst = src.narrow(d, 0, 1), dst.narrow(d, 0, 1)
-    return src, dst
+        self.src, self.dst = src, dst
+
+    def __call__(self) -> None:
+        if self.dims and not torch.equal(self.staged, self.src.expand_as(self.staged)):
+            raise ProgramFormatError(
+                f"onnxruntime delegate output '{self.name}' is planned as a broadcast along dims {self.dims} (stride "
+                "0), but the delegate computed values that differ along them (the file is inconsistent: corrupted or "
+                "edited?)", field=f"delegate output {self.name}.strides")
+        self.dst.copy_(self.src)
 
 
 def _key(tensors: Sequence[torch.Tensor]) -> tuple:
@@ -349,7 +362,7 @@ class OrtDelegate:
             dst = t
             if not t.is_contiguous():
                 dst = torch.empty(t.shape, dtype=t.dtype)
-                b.post.append(_non_overlapping(dst, t))
+                b.post.append(_Store(dst, t, name))
             b.io.bind_output(name, "cpu", 0, _NP_DTYPES[dst.dtype], list(dst.shape), dst.data_ptr())
         return b
 
@@ -363,8 +376,8 @@ class OrtDelegate:
         for src, dst in b.pre:
             dst.copy_(src)
         self.session.run_with_iobinding(b.io)
-        for src, dst in b.post:
-            dst.copy_(src)
+        for store in b.post:
+            store()
 
     def run_without_binding(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """``session.run`` with numpy feeds, results copied into ``outputs`` (the slower path; for comparison)."""
@@ -528,8 +541,8 @@ class OrtDelegate:
             dst.copy_(src)
         t0 = time.perf_counter_ns()
         sess.run_with_iobinding(b.io)
-        for src, dst in b.post:
-            dst.copy_(src)
+        for store in b.post:
+            store()
         return self._profile_events(sess, t0)
 
     def _profile_events(self, sess: Any, t0: int) -> list[OpEvent]:
@@ -604,9 +617,8 @@ class OrtDelegate:
         if profile:
             self._log_profile(log_profile, self.last_profile)
         if not check:  # the exposing session's outputs are the run's outputs
-            for o, r in zip(outputs, finals):
-                src, dst = _non_overlapping(r, o)
-                dst.copy_(src)
+            for j, (o, r) in enumerate(zip(outputs, finals)):
+                _Store(r, o, f"output {j}")()
         for gid, names in self.groups:
             vs = [values[n] for n in names if n in values]
             if vs:  # the capture buffers are only rewritten by this delegate's next run: no snapshot needed

@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from edgetorch.devtools.inspector import multisample as _multisample
+from edgetorch.devtools.inspector._recording_check import check_recording
 from edgetorch.devtools.inspector.comparators import NumericalComparatorBase, get_comparator
 from edgetorch.devtools.inspector.events import (
     FRAMEWORK_EVENTS,
@@ -93,6 +94,7 @@ class Inspector:
         self._etrecord = self._load_etrecord(etrecord)
         fit_reference_etdump(self._etdump, self._etrecord)  # a reference ETDump: methods named, delegate inputs cut
         self._check_hashes()
+        check_recording(self._etdump, self._etrecord)  # every logged value as the runtime and the ETRecord say
         self.source_time_scale = source_time_scale
         self.target_time_scale = target_time_scale
         _check_callables(delegate_metadata_parser=delegate_metadata_parser,
@@ -100,10 +102,12 @@ class Inspector:
         self.delegate_metadata_parser = delegate_metadata_parser
         self.delegate_time_scale_converter = delegate_time_scale_converter
         self.enable_module_hierarchy = bool(enable_module_hierarchy)
-        self.event_blocks: list[EventBlock] = gen_event_blocks(self._etdump, self._inflate, source_time_scale,
+        self.event_blocks: list[EventBlock] = gen_event_blocks(self._etdump, self.inflate, source_time_scale,
                                                                target_time_scale, delegate_time_scale_converter,
                                                                delegate_metadata_parser)
         self._handle_nodes: dict[str, dict[int, list[torch.fx.Node]]] = {}
+        self._replays: dict[str | None, Any] = {}  # see replay()
+        self._float_reference: Any = None  # see float_reference
         if self._etrecord is not None:
             self._associate()
             self._attach_reference_outputs()
@@ -140,7 +144,9 @@ class Inspector:
                     f"debug buffer {self._debug_buffer.path} has {have} bytes but the ETDump's tensors need "
                     f"{self._etdump.debug_buffer_bytes}: wrong or truncated debug buffer file")
 
-    def _inflate(self, value: ed.Value) -> Any:
+    def inflate(self, value: ed.Value) -> Any:
+        """The value an ETDump ``Value`` logged: a tensor read from the debug buffer (None without one), a list of
+        them, or a scalar."""
         if self._debug_buffer is not None:
             return self._debug_buffer.value(value)
         if value.val == ed.ValueType.Tensor:
@@ -159,7 +165,7 @@ class Inspector:
         return self._debug_buffer.tensor(t)
 
     # -- ETRecord association ------------------------------------------------------------------------------
-    def _nodes_by_handle(self, method: str) -> dict[int, list[Any]]:
+    def nodes_by_handle(self, method: str) -> dict[int, list[Any]]:
         """Edge nodes per debug handle (``NodeInfo``: name, op, stack_trace, nn_module_stack, is_view)."""
         if method not in self._handle_nodes:
             table = self._etrecord.handle_table(method) if self._etrecord is not None else None
@@ -170,7 +176,7 @@ class Inspector:
         """Gives every event its handle group, found by (instruction id, delegate debug id), then links it."""
         for block in self.event_blocks:
             groups = {g.key: g for g in (self._etrecord.handle_groups or {}).get(block.method, [])}
-            nodes = self._nodes_by_handle(block.method)
+            nodes = self.nodes_by_handle(block.method)
             gap = gap_groups(groups.values()) if self._etrecord.producer == "executorch" else {}
             for ev in block.events:
                 did = ev.delegate_debug_identifier if ev.is_delegated_op else None
@@ -328,10 +334,14 @@ class Inspector:
             raise InspectorError(f"the ETDump has no execution of method '{method}'; methods run: {self.methods}")
         return blocks[0]
 
-    def _reference(self, method: str, reference_graph: str | None) -> tuple[torch.fx.GraphModule, str]:
+    def reference_module(self, method: str, reference_graph: str | None = None) -> tuple[torch.fx.GraphModule, str]:
+        """The reference program of ``method`` as a runnable ``GraphModule`` and the name of the graph used:
+        ``reference_graph`` None picks the ATen program when it carries every debug handle of the edge program,
+        else the edge program (``"exported_program"`` / ``"edge_dialect_exported_program"`` ask for one, any
+        other name a ``graph_map`` entry)."""
         rec = self._etrecord
         if reference_graph in (None, "exported_program"):
-            edge_handles = set(self._nodes_by_handle(method))
+            edge_handles = set(self.nodes_by_handle(method))
             # a reference record tells, from its documents, when the ATen program cannot carry every handle:
             # it is then not deserialized at all (the choice is the same)
             bound = rec.aten_handle_bound(method) if reference_graph is None else None
@@ -397,7 +407,7 @@ class Inspector:
         if execution is None and inputs is None:
             execution = self._stateful_execution(method, run, reference_graph)
         if execution is not None:
-            return self._replay(reference_graph).gap_table(execution, distance, local)
+            return self.replay(reference_graph).gap_table(execution, distance, local)
         if inputs is None:
             reps = (self._etrecord.representative_inputs or {}).get(method)
             if not reps:
@@ -412,9 +422,9 @@ class Inspector:
             inputs = reps[idx]
         block = self._block_for(method)
         entries = runtime_entries(block.events, run)
-        gm, used = self._reference(method, reference_graph)
+        gm, used = self.reference_module(method, reference_graph)
         flat = pytree.tree_leaves(tuple(inputs))
-        nodes_by_h = self._nodes_by_handle(method)
+        nodes_by_h = self.nodes_by_handle(method)
         view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
         df, cov = compute_numeric_gap(gm, tuple(flat), entries, comparator, view_only=view_only, local=local)
         df.attrs["reference_graph"] = used
@@ -449,7 +459,7 @@ class Inspector:
         reference run from the initial state); None when the state is the initial one (or there is none)."""
         from edgetorch.devtools.inspector.generation import _state_targets
 
-        gm, _ = self._reference(method, reference_graph)
+        gm, _ = self.reference_module(method, reference_graph)
         if not _state_targets(gm):
             return None
         found = next((e.index for e in self.executions if e.method == method and e.run == run), None)
@@ -459,36 +469,47 @@ class Inspector:
         return found or None  # the first call of all starts from the initial state: the plain comparison
 
     # -- across executions (inspector.generation) ---------------------------------------------------------
-    def _replay(self, reference_graph: str | None = None) -> Any:
+    def replay(self, reference_graph: str | None = None) -> Any:
+        """The replay of the reference programs over the recorded executions (``generation.GenerationReplay``),
+        built once per reference graph."""
         from edgetorch.devtools.inspector.generation import GenerationReplay
 
         if self._etrecord is None:
             raise InspectorError("replaying executions needs an ETRecord (pass etrecord=...)")
         if self._debug_buffer is None:
             raise InspectorError("replaying executions needs the debug buffer: pass debug_buffer_path=...")
-        replays = self.__dict__.setdefault("_replays", {})
-        if reference_graph not in replays:
-            replays[reference_graph] = GenerationReplay(self, reference_graph)
-        return replays[reference_graph]
+        if reference_graph not in self._replays:
+            self._replays[reference_graph] = GenerationReplay(self, reference_graph)
+        return self._replays[reference_graph]
+
+    @property
+    def float_reference(self) -> Any:
+        """The float-model reference of this Inspector (``float_reference.FloatReference``): the graphs, readings
+        and float values ``calculate_numeric_gap(reference_graph="float")`` builds once and keeps."""
+        if self._float_reference is None:
+            from edgetorch.devtools.inspector.float_reference import FloatReference
+
+            self._float_reference = FloatReference(self)
+        return self._float_reference
 
     @property
     def executions(self) -> list[Any]:
         """Every recorded call in execution order, across methods: ``Execution(index, method, run)``."""
         from edgetorch.devtools.inspector.generation import execution_records
 
-        return [r.execution for r in execution_records(self._etdump, self._inflate)]
+        return [r.execution for r in execution_records(self._etdump, self.inflate)]
 
     def generation_gaps(self, distance: str = "MSE") -> pd.DataFrame:
         """One row per execution: the gap of its final output against the reference replay, and its worst op."""
         from edgetorch.devtools.inspector.generation import generation_gaps
 
-        return generation_gaps(self._replay(), distance)
+        return generation_gaps(self.replay(), distance)
 
     def first_divergence_across_executions(self, threshold: float, distance: str = "MSE") -> Any:
         """The first execution and op whose gap crosses ``threshold`` (``generation.Divergence``), or None."""
         from edgetorch.devtools.inspector.generation import first_divergence_across_executions
 
-        return first_divergence_across_executions(self._replay(), threshold, distance)
+        return first_divergence_across_executions(self.replay(), threshold, distance)
 
     def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None:
         """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE). An exact

@@ -52,6 +52,7 @@ import torch.fx
 
 from edgetorch.devtools.inspector._frame import GapFrame
 from edgetorch.devtools.inspector._graph_writes import is_uninitialised, is_view, written_in_place
+from edgetorch.devtools.inspector._recording_check import check_node_value
 from edgetorch.devtools.inspector.comparators import (
     EXACT_METRIC,
     NumericalComparatorBase,
@@ -59,7 +60,7 @@ from edgetorch.devtools.inspector.comparators import (
     mismatch_count,
 )
 from edgetorch.devtools.inspector.noise import floor_from_units, noise_model_attrs, op_noise, rel_error, verdict
-from edgetorch.errors import InspectorError
+from edgetorch.errors import ETRecordFormatError, InspectorError
 from edgetorch.exir.debug_handles import nodes_by_handle, source_location
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, KINDS, HandleGroup, OutputSource
 
@@ -260,7 +261,17 @@ class _JointWalk(torch.fx.Interpreter):
         return getattr(self, n.op)(n.target, args, kwargs)
 
     def run_node(self, n: torch.fx.Node) -> Any:
-        out = super().run_node(n)
+        if n.op == "call_function":
+            try:
+                out = super().run_node(n)
+            except (RuntimeError, TypeError, ValueError, IndexError) as e:  # a hostile or corrupted reference graph
+                raise ETRecordFormatError(
+                    f"the ETRecord's reference graph is inconsistent: node '{n.name}' ({n.target}) fails on the "
+                    f"values its arguments name ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+                    field=f"reference graph node {n.name}") from None
+            check_node_value(n, out)
+        else:
+            out = super().run_node(n)
         h = self.by_node.get(n)
         if h in self.fill and _fits(self.fill[h], out):
             out = self.fill[h].reshape(out.shape).clone()
