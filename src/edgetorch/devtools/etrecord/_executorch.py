@@ -581,6 +581,7 @@ class ReferenceSource:
         self._entries, self._docs, self._metas, self._graph_id = entries, docs, metas, graph_id
         self._tables = handle_tables
         self._programs: dict[tuple[str, str], Any] = {}
+        self._bounds: dict[str, set[int]] = {}
         # the reference graphs are built from the documents (_executorch_graph), not from deserialized programs
         self.references = dict(entries["aten"])
         self.edge_references = dict(entries["edge"])
@@ -660,9 +661,12 @@ class ReferenceSource:
         entry = self._entries["aten"].get(key)
         if entry is None:
             return None
-        counts = {h: len(ns) for h, ns in self._tables.get("forward", {}).items()}
-        return aten_handle_bound(self._docs[entry], self._metas.get(self._entries["edge"].get("forward", ""), {}),
-                                 self._graph_id, counts)
+        if key not in self._bounds:  # the documents never change: computed once
+            counts = {h: len(ns) for h, ns in self._tables.get("forward", {}).items()}
+            self._bounds[key] = aten_handle_bound(
+                self._docs[entry], self._metas.get(self._entries["edge"].get("forward", ""), {}), self._graph_id,
+                counts)
+        return set(self._bounds[key])
 
     def is_stored(self, role: str, key: str, ep: Any) -> bool:
         return ep is not None and self._programs.get((role, key)) is ep
