@@ -27,6 +27,7 @@ import pandas as pd
 
 from edgetorch._fileio import atomic_write
 from edgetorch.errors import EdgeTorchError
+from edgetorch.formats.handles import DELEGATE_CALL
 
 #: the graph id Model Explorer's PyTorch ExportedProgram adapter gives the program's graph
 DEFAULT_GRAPH_ID = "graph"
@@ -87,7 +88,7 @@ def node_data(df: pd.DataFrame, value: str | None = None, graph_id: str | None =
         if v is None or not ops:
             continue
         item = {"value": v, "bgColor": colour}
-        if list(row.get("runtime_ops") or []) == ["DELEGATE_CALL"]:
+        if row.get("kind") == DELEGATE_CALL:
             calls.append((ops[-1], item))
             continue
         for op in ops:

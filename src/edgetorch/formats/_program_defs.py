@@ -200,13 +200,16 @@ def value_nbytes(plan: PlanDef, vid: int) -> int:
     return n
 
 
+def is_view(ins: InstructionDef) -> bool:
+    """A VIEW kernel call: evaluated once at load, never run nor logged (by its schema code, ``CALL_VIEW``)."""
+    return isinstance(ins.call, KernelCallDef) and ins.call.kind == CALL_VIEW
+
+
 def logged_values(plan: PlanDef) -> list[int]:
     """The one list of what a traced run of ``plan`` logs in the debug buffer, in order: its inputs, every output
     of every non-view instruction (an in-place op logs its slot again), then each program output no instruction
     logs. The tracer plans its logging from it; :func:`run_debug_bytes` sizes it."""
-    logged = [o for ins in plan.instructions
-              if not (isinstance(ins.call, KernelCallDef) and ins.call.kind == CALL_VIEW)
-              for o in ins.call.outputs]
+    logged = [o for ins in plan.instructions if not is_view(ins) for o in ins.call.outputs]
     seen = set(logged)
     return [*plan.inputs, *logged, *(v for v in dict.fromkeys(plan.outputs) if v not in seen)]
 

@@ -110,14 +110,16 @@ class _Step:
 class _MethodTrace:
     """What a traced run of one method does, worked out once when the tracer attaches: a ``_Step`` per
     instruction that runs (VIEW instructions ran at load), the program outputs to log, and ``run_bytes``, what
-    one run stores in the debug buffer (``formats.alignment.debug_bytes`` of every tensor it logs, plus what
-    its delegates declare)."""
+    one run stores in the debug buffer: the plan's ``debug_buffer_bytes``, which emission computed with
+    ``formats.program.run_debug_bytes`` from the one list of logged values (``formats.program.logged_values``)
+    plus what the delegates' ``PreprocessResult.debug_buffer_bytes`` declared."""
 
     def __init__(self, tracer: ProgramTracer, method: Any, log_values: bool) -> None:
         self.method = method
         self.name = method.name
-        self.steps = [_Step(i.index, i.name, i.kind == "DELEGATE")
-                      for i in sorted(method.instructions, key=lambda i: i.index) if i.kind != "VIEW"]
+        code = method.plan.instructions  # the schema's codes, not the display strings of InstructionInfo
+        self.steps = [_Step(i.index, i.name, isinstance(code[i.index].call, pf.DelegateCallDef))
+                      for i in sorted(method.instructions, key=lambda i: i.index) if not pf.is_view(code[i.index])]
         self.by_instruction: list[_Step | None] = [None] * len(method.plan.instructions)
         for step in self.steps:
             self.by_instruction[step.instruction] = step
@@ -132,7 +134,7 @@ class _MethodTrace:
         self.run_bytes = 0
         if log_values:
             self._plan_logs(tracer)
-            self.run_bytes = debug_bytes(self._sizes) + self._delegate_bytes()
+            self.run_bytes = self._planned_bytes()
             for step, need in zip(self.steps, self._needs()):
                 step.wait_for = need
 
@@ -157,15 +159,11 @@ class _MethodTrace:
             else:
                 self.program_outs.append(self._out(tracer, len(self.steps), j, vid, name, -1, self.out_logs))
 
-    def _delegate_bytes(self) -> int:
-        """What the delegates say one traced run of theirs logs (``debug_buffer_bytes`` of their handles)."""
-        total = 0
-        for step in self.steps:
-            if step.delegate:
-                extra = getattr(self.method.delegate_handle(step.instruction), "debug_buffer_bytes", None)
-                if isinstance(extra, int) and extra > 0:
-                    total += extra
-        return total
+    def _planned_bytes(self) -> int:
+        """The plan's ``debug_buffer_bytes`` (the one figure, which ``MethodMeta`` shows). Never less than the
+        values the tracer logs itself take: a file edited by hand may promise less, and a dynamic method logs a
+        program output computed with a per-run shape once more at the end, beyond the formula's upper bound."""
+        return max(self.method.plan.debug_buffer_bytes, debug_bytes(self._sizes))
 
     def _out(self, tracer: ProgramTracer, step: int, j: int, vid: int, name: str, k: int, logs: list[_Log]) -> _Out:
         m = self.method
@@ -368,14 +366,14 @@ class ProgramTracer:
         self._bundled_input_index = int(index)
 
     def required_debug_buffer_bytes(self, method_name: str) -> int:
-        """Bytes one run of ``method_name`` stores in the debug buffer: every output of every non-view
-        instruction, plus the program outputs not among them, plus what its delegates declare they log
-        (``debug_buffer_bytes`` of their handles; known once the method is loaded), each 64-byte aligned
-        (``formats.alignment.debug_bytes``). A fixed ``debug_buffer_size`` must be at least runs x this."""
+        """Bytes one run of ``method_name`` stores in the debug buffer: the plan's ``debug_buffer_bytes``
+        (``formats.program.run_debug_bytes`` at emission: every value of ``formats.program.logged_values``, 64-byte
+        aligned, plus what its delegates' ``PreprocessResult`` declared), known before the method loads. A fixed
+        ``debug_buffer_size`` must be at least runs x this."""
         mt = self._traces.get(method_name)
         if mt is not None:
             return mt.run_bytes
-        return pf.run_debug_bytes(self._program.plan(method_name))
+        return self._program.plan(method_name).debug_buffer_bytes
 
     # -- attaching -----------------------------------------------------------------------------------
     def attach(self, method: Any, init_span: tuple[int, int] | None = None) -> None:

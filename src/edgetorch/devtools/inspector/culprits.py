@@ -35,6 +35,7 @@ import pandas as pd
 
 from edgetorch.devtools.inspector.comparators import EXACT_METRIC, larger_is_worse
 from edgetorch.errors import InspectorError
+from edgetorch.formats.handles import DELEGATE_CALL
 
 #: columns the culprit search needs (``calculate_numeric_gap`` writes them)
 NEEDED = ("gap", "local_gap", "metric", "local_rel_error", "noise_floor", "runtime_ops", "instruction_id",
@@ -74,8 +75,9 @@ def _explained_delegate_rows(df: pd.DataFrame, real: list[bool]) -> set[Any]:
     for call, h, r in zip(df["in_delegate_call"], df["ref_handle"], real):
         if r and call is not None and not (isinstance(call, float) and math.isnan(call)):
             inner.add((int(call), h))
-    return {i for i, ops, iid, h in zip(df.index, df["runtime_ops"], df["instruction_id"], df["ref_handle"])
-            if list(ops) == ["DELEGATE_CALL"] and (int(iid), h) in inner}
+    kinds = df["kind"] if "kind" in df.columns else [None] * len(df)  # a hand-built table: no delegate rows
+    return {i for i, kind, iid, h in zip(df.index, kinds, df["instruction_id"], df["ref_handle"])
+            if kind == DELEGATE_CALL and (int(iid), h) in inner}
 
 
 def accumulated_ranks(df: pd.DataFrame) -> pd.Series:

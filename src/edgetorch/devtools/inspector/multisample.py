@@ -36,7 +36,7 @@ from edgetorch.devtools.inspector.noise import verdict
 from edgetorch.errors import InspectorError
 
 STATS = ("gap", "local_gap", "rel_error", "local_rel_error")
-_KEEP = ("aot_debug_handle", "aot_ops", "runtime_ops", "runtime_debug_handle", "metric", "dtype", "source",
+_KEEP = ("aot_debug_handle", "aot_ops", "runtime_ops", "kind", "runtime_debug_handle", "metric", "dtype", "source",
          "module", "instruction_id", "delegate", "in_delegate_call", "shape", "ref_handle", "noise_floor",
          "stacktraces")
 

@@ -34,6 +34,7 @@ import pandas as pd
 from edgetorch._fileio import atomic_write
 from edgetorch.devtools.graph_view import EdgeGraph, GraphViewError, extract_graph, layout, rows_for_nodes
 from edgetorch.errors import EdgeTorchError
+from edgetorch.formats.handles import DELEGATE_CALL
 
 from ._assets import CSS, JS
 from ._charts import (
@@ -277,7 +278,7 @@ def _first_divergence(df: pd.DataFrame, threshold: float | None) -> int | None:
 def _graph_section(graph: EdgeGraph, df: pd.DataFrame, culprits: set[int], scaled: bool, traces: _Traces,
                    max_page_nodes: int) -> tuple[str, dict[int, str], dict[str, Any]]:
     groups = [(k, tuple(r.get("aot_debug_handle") or ()),
-               int(r["instruction_id"]) if list(r["runtime_ops"]) == ["DELEGATE_CALL"] else None)
+               int(r["instruction_id"]) if r.get("kind") == DELEGATE_CALL else None)
               for k, (_, r) in enumerate(df.iterrows())]
     node_row, part_row = rows_for_nodes(graph, groups)
     lay = layout(graph, max_page_nodes)
