@@ -42,7 +42,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import alternate  # noqa: E402
 
 from edgetorch.devtools.inspector.float_reference import (
-    _drop_float_values,
     float_numeric_gap,
     rank_quantization_culprits,
 )
@@ -116,7 +115,7 @@ def cost(name: str, backend: str, model: torch.nn.Module, samples: list[tuple], 
         table = float_numeric_gap(inspector, "MSE")
 
         def first() -> None:
-            _drop_float_values(inspector)
+            inspector.float_reference.drop_float_values()
             float_numeric_gap(inspector, "MSE")
 
         fns = {"float": forward, "table": first, "warm": lambda: float_numeric_gap(inspector, "MSE")}

@@ -227,12 +227,15 @@ def test_every_local_error_injected_into_the_float_model_reproduces_the_runtime(
     from edgetorch.devtools.inspector import float_reference as fr
 
     _, _, _, run = portable
-    fgm = fr._prepared(run.inspector, "forward")[0]
-    for (flat, rows, ends, values, _), out in zip(fr._per_sample(run.inspector, "forward", None), run.outputs,
-                                                   strict=True):
+    from edgetorch.devtools.inspector._float_runner import Inject
+
+    ref = run.inspector.float_reference
+    assert isinstance(ref, fr.FloatReference) and run.inspector.float_reference is ref  # one per Inspector
+    fgm = ref.prepared("forward")[0]
+    for (flat, rows, ends, values, _), out in zip(ref.per_sample("forward", None), run.outputs, strict=True):
         noise = {n: rows[n] - values[n][1] for n in ends}
         with torch.no_grad():
-            got = fr._Inject(fgm, noise).run(*flat)
+            got = Inject(fgm, noise).run(*flat)
         torch.testing.assert_close(got[0], out[0], rtol=0, atol=1e-5)
     steps = fr.simulate_fallback(run.inspector, steps=2)
     assert len(steps) == 2 and {h for h, _ in steps} <= set(run.table["float_debug_handle"])
@@ -254,13 +257,13 @@ def test_float_program_needs_an_etrecord() -> None:
 
 
 def test_a_later_table_reuses_what_the_first_read_and_computed(portable) -> None:  # noqa: ANN001
-    from edgetorch.devtools.inspector import float_reference as fr
 
     _, _, _, run = portable
-    prep = fr._prepared(run.inspector, "forward")
+    prep = run.inspector.float_reference.prepared("forward")
     assert prep.runner.floats and prep.readings  # kept by the first table
     again = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
-    fr._drop_float_values(run.inspector)
+    run.inspector.float_reference.drop_float_values()
+    assert not prep.runner.floats and not prep.readings
     fresh = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
     for df in (again, fresh):
         for col in ("gap", "local_gap"):
@@ -309,7 +312,7 @@ def test_samples_run_in_chunks_give_the_same_table(portable, monkeypatch) -> Non
 
     model, samples, session, run = portable
     monkeypatch.setattr(fr, "_CHUNK_ELEMENTS", 1)  # every sample its own chunk (a large model's path)
-    fr._drop_float_values(run.inspector)
+    run.inspector.float_reference.drop_float_values()
     table = run.inspector.calculate_numeric_gap("MSE", reference_graph="float")
     assert list(table["aot_ops"]) == list(run.table["aot_ops"]) and table.attrs["samples"] == 3
     for col in ("gap", "local_gap"):

@@ -84,7 +84,7 @@ def test_the_replay_reads_the_caches_the_runtime_logged(generation):
     """The state the local re-runs read before a decode call is the cache the runtime's writer logged in the
     call before, bit for bit."""
     insp, _, _ = generation
-    replay = insp._replay(None)
+    replay = insp.replay(None)
     replay.gap_table(2)
     gm, _ = replay.module("decode")
     rec = replay.records[1]

@@ -336,7 +336,7 @@ def _logged_execution(inspector: Any, method: str, run: int) -> int | None:
         return None
     for ex in executions:
         if ex.method == method and ex.run == run:
-            return ex.index if inspector._replay(None).records[ex.index].inputs is not None else None
+            return ex.index if inspector.replay(None).records[ex.index].inputs is not None else None
     return None
 
 

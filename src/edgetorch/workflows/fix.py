@@ -172,7 +172,7 @@ def _delegate_candidates(et: Any, samples: list[tuple], top: int) -> list[list[s
         insp = Inspector(etdump_path=dump, etrecord=record, debug_buffer_path=dbg)
         df = insp.calculate_numeric_gap("MSE")
         culprits = insp.find_culprits(df, top=top)
-        by_handle = insp._nodes_by_handle(df.attrs.get("method", "forward"))
+        by_handle = insp.nodes_by_handle(df.attrs.get("method", "forward"))
         groups = []
         for _, row in culprits.iterrows():
             names = [n.name for n in by_handle.get(int(row["ref_handle"]), [])]

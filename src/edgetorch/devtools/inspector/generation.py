@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import pandas as pd
 import torch
@@ -39,8 +39,26 @@ from edgetorch.devtools.inspector.numeric_gap import (
 from edgetorch.errors import InspectorError
 from edgetorch.formats import etdump as ed
 
-if TYPE_CHECKING:
-    from edgetorch.devtools.inspector.inspector import Inspector
+
+class InspectorView(Protocol):
+    """What the replay reads of an Inspector (``inspector.Inspector`` is one): its ETDump and event blocks, the
+    logged values, the reference programs and the nodes of each debug handle."""
+
+    event_blocks: list[Any]
+    observer_effects: list[Any]
+    last_gap_coverage: Any
+
+    @property
+    def etdump(self) -> ed.ETDump: ...
+
+    def inflate(self, value: ed.Value) -> Any: ...
+
+    def nodes_by_handle(self, method: str) -> dict[int, list[Any]]: ...
+
+    def reference_module(self, method: str, reference_graph: str | None = None
+                         ) -> tuple[torch.fx.GraphModule, str]: ...
+
+    def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None: ...
 
 
 class Execution(NamedTuple):
@@ -198,10 +216,10 @@ def _first_tensor(v: Any) -> torch.Tensor | None:
 class GenerationReplay:
     """Replays the reference programs over the recorded sequence of executions (see the module docstring)."""
 
-    def __init__(self, inspector: Inspector, reference_graph: str | None = None) -> None:
+    def __init__(self, inspector: InspectorView, reference_graph: str | None = None) -> None:
         self.inspector = inspector
         self.reference_graph = reference_graph
-        self.records = execution_records(inspector.etdump, inspector._inflate)
+        self.records = execution_records(inspector.etdump, inspector.inflate)
         self._modules: dict[str, tuple[torch.fx.GraphModule, str]] = {}
         self._initial: dict[str, torch.Tensor] = {}
         self._state: dict[str, torch.Tensor] = {}
@@ -218,9 +236,9 @@ class GenerationReplay:
         all its debug handles, else the edge programs. Then the initial state, from the first graph naming
         each buffer."""
         methods = list(dict.fromkeys(r.execution.method for r in self.records))
-        mods = {m: self.inspector._reference(m, self.reference_graph) for m in methods}
+        mods = {m: self.inspector.reference_module(m, self.reference_graph) for m in methods}
         if self.reference_graph is None and len({used for _, used in mods.values()}) > 1:
-            mods = {m: self.inspector._reference(m, "edge_dialect_exported_program") for m in methods}
+            mods = {m: self.inspector.reference_module(m, "edge_dialect_exported_program") for m in methods}
         for gm, _used in mods.values():
             for target in _state_targets(gm):
                 if target not in self._initial:
@@ -315,7 +333,7 @@ class GenerationReplay:
         method = rec.execution.method
         gm, used = self.module(method)
         entries = runtime_entries(insp.event_blocks[rec.block].events, rec.block_run)
-        nodes_by_h = insp._nodes_by_handle(method)
+        nodes_by_h = insp.nodes_by_handle(method)
         view_only = {h for h, ns in nodes_by_h.items() if ns and all(n.is_view for n in ns)}
         with _bound(gm, self._state):
             df, cov = compute_numeric_gap(gm, tuple(pytree.tree_leaves(tuple(rec.inputs))), entries, comparator,
@@ -383,5 +401,5 @@ def first_divergence_across_executions(replay: GenerationReplay, threshold: floa
     return None
 
 
-__all__ = ["Divergence", "Execution", "ExecutionRecord", "GenerationReplay", "execution_records",
+__all__ = ["Divergence", "Execution", "ExecutionRecord", "GenerationReplay", "InspectorView", "execution_records",
            "first_divergence_across_executions", "generation_gaps"]
