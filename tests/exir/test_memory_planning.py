@@ -108,8 +108,8 @@ def test_to_executorch_refuses_a_plan_with_overlapping_live_tensors(monkeypatch)
     from edgetorch.errors import MemoryPlanError
     from edgetorch.exir import emit, memory_planning
 
-    def broken(buffers, alignment=64):
-        plan = memory_planning.plan_memory(buffers, alignment)
+    def broken(buffers, alignment=64, algorithm="greedy"):
+        plan = memory_planning.plan_memory(buffers, alignment, algorithm)
         return memory_planning.MemoryPlan({k: 0 for k in plan.offsets}, plan.arena_size, plan.peak_live_bytes, "x")
 
     monkeypatch.setattr(emit, "plan_memory", broken)
@@ -121,8 +121,8 @@ def test_to_executorch_refuses_a_tensor_outside_the_arena(monkeypatch):
     from edgetorch.errors import MemoryPlanError
     from edgetorch.exir import emit, memory_planning
 
-    def short(buffers, alignment=64):
-        plan = memory_planning.plan_memory(buffers, alignment)
+    def short(buffers, alignment=64, algorithm="greedy"):
+        plan = memory_planning.plan_memory(buffers, alignment, algorithm)
         return memory_planning.MemoryPlan(plan.offsets, 64, plan.peak_live_bytes, "x")
 
     monkeypatch.setattr(emit, "plan_memory", short)

@@ -121,8 +121,9 @@ def _dynamic_tensor_def(v: torch.Tensor, placement: int, symbols: SymbolTable, w
 
 class _MethodEmitter:
     def __init__(self, ep: ExportedProgram, name: str, constants: ConstantPool, delegates: DelegatePool | None,
-                 alignment: int, emit_stacktrace: bool) -> None:
+                 alignment: int, emit_stacktrace: bool, memory_planning_algo: str = "greedy") -> None:
         self.ep = ep
+        self.memory_planning_algo = memory_planning_algo
         self.name = name
         self.constants = constants
         self.delegate_pool = delegates
@@ -525,7 +526,7 @@ class _MethodEmitter:
         outputs = self.reuse_dying_inputs(outputs)
         # memory plan
         buffers = [Buffer(v, self.values[v].nbytes, self.first_use[v], self.last_use[v]) for v in self.planned]
-        mp = plan_memory(buffers, self.alignment)
+        mp = plan_memory(buffers, self.alignment, self.memory_planning_algo)
         for v, off in mp.offsets.items():
             self.values[v].arena_offset = off
         sig = self.ep.graph_signature
@@ -592,6 +593,8 @@ def _is_delegate_call(node: torch.fx.Node) -> bool:
 
 
 def emit_method(ep: ExportedProgram, name: str, constants: ConstantPool, delegates: DelegatePool | None = None,
-                alignment: int = ALIGNMENT, emit_stacktrace: bool = True) -> EmittedMethod:
-    """Emits one method of a program; constants and delegate blobs go to the shared pools."""
-    return _MethodEmitter(ep, name, constants, delegates, alignment, emit_stacktrace).emit()
+                alignment: int = ALIGNMENT, emit_stacktrace: bool = True,
+                memory_planning_algo: str = "greedy") -> EmittedMethod:
+    """Emits one method of a program; constants and delegate blobs go to the shared pools; its arena is planned
+    with ``memory_planning_algo`` (``memory_planning.ALGORITHMS``)."""
+    return _MethodEmitter(ep, name, constants, delegates, alignment, emit_stacktrace, memory_planning_algo).emit()

@@ -83,8 +83,17 @@ def _place(buffers: list[Buffer], order: list[int], alignment: int, best_fit: bo
     return {buffers[i].key: int(offs[i]) for i in range(n)}, total
 
 
-def plan_memory(buffers: list[Buffer], alignment: int = 64) -> MemoryPlan:
-    """Places every buffer; returns offsets, the arena size and the live-bytes lower bound."""
+#: ``ExecutorchBackendConfig.memory_planning_algo`` values: "greedy" tries every order (first fit, then best fit)
+#: and keeps the smallest arena; a single order's name tries only that order
+ALGORITHMS = ("greedy", "greedy_by_size", "greedy_by_start", "greedy_by_size_x_lifetime")
+
+
+def plan_memory(buffers: list[Buffer], alignment: int = 64, algorithm: str = "greedy") -> MemoryPlan:
+    """Places every buffer with ``algorithm`` (one of :data:`ALGORITHMS`); returns offsets, the arena size and
+    the live-bytes lower bound."""
+    if algorithm not in ALGORITHMS:
+        raise MemoryPlanError(f"unknown memory planning algorithm {algorithm!r} "
+                              f"(ExecutorchBackendConfig.memory_planning_algo: one of {', '.join(ALGORITHMS)})")
     empty = {b.key: 0 for b in buffers if b.size == 0}  # zero-byte tensors need no bytes
     buffers = [b for b in buffers if b.size > 0]
     peak = peak_live_bytes(buffers, alignment)
@@ -97,6 +106,8 @@ def plan_memory(buffers: list[Buffer], alignment: int = 64) -> MemoryPlan:
         "greedy_by_size_x_lifetime": sorted(
             range(n), key=lambda i: (-(buffers[i].size * (buffers[i].last - buffers[i].first + 1)), buffers[i].first)),
     }
+    if algorithm != "greedy":
+        orders = {algorithm: orders[algorithm]}
     best: tuple[dict[int, int], int, str] | None = None
     for best_fit in (False, True):
         for name, order in orders.items():

@@ -257,7 +257,7 @@ class ExecutorchProgramManager:
             ep = edge.exported_program(name)
             sync_signature_names(ep.graph_signature, ep.graph)
             self._emitted[name] = emit_method(ep, name, consts, delegates,
-                                              config.alignment, config.emit_stacktrace)
+                                              config.alignment, config.emit_stacktrace, config.memory_planning_algo)
         self._program = pf.ProgramDef([m.plan for m in self._emitted.values()], consts.ranges(), delegates.ranges())
         self._layout = layout
         self._parts = pf.build_file_parts(self._program, list(layout.chunks()))

@@ -40,10 +40,13 @@ class BackendRuntime(Protocol):
     delegate debug id: an int >= 0 or a non-empty str) of an output is a key of the ``debug_handle_map`` its
     ``PreprocessResult`` declared, which is how the Inspector finds the edge ops (``HandleGroup`` of kind
     ``in_delegate``) a value belongs to; a profile event may use an engine's own name, and an id outside the map
-    (the onnxruntime backend's ``"observer_effect"``) is kept but maps to no op. A handle that logs values
-    declares ``debug_buffer_bytes`` (int: what one traced call logs, ``formats.alignment.debug_bytes`` of its
-    tensors' sizes; the same number as ``PreprocessResult.debug_buffer_bytes``) so that the tracer reserves it
-    before the run.
+    (the onnxruntime backend's ``"observer_effect"``) is kept but maps to no op.
+
+    **Debug bytes.** What one traced call logs is declared once, ahead of time, in
+    ``PreprocessResult.debug_buffer_bytes`` (``formats.alignment.debug_bytes`` of its tensors' sizes); emission
+    adds it to the method's ``debug_buffer_bytes`` (``formats.program.run_debug_bytes``) and the tracer reserves
+    that figure, read from the plan: the runtime side declares nothing. Logging more than was declared overflows
+    a fixed debug buffer with a ``DebugBufferOverflowError``.
     """
 
     name: str

@@ -238,7 +238,7 @@ class Inspector:
         from rich.console import Console
         from rich.table import Table
 
-        df = self._display_frame(include_units)
+        df = self._display_frame(include_units, include_delegate_debug_data)
         more = len(df) - rows if 0 < rows < len(df) else 0
         if more:
             df = df.iloc[:rows]

@@ -16,8 +16,10 @@ from edgetorch.exir.backend.partitioner import CompileSpec
 class PreprocessResult:
     """``processed_bytes``: the delegate blob; ``debug_handle_map``: backend op id (int or str) -> the edge debug
     handles that op computes, so runtime events inside the delegate can be traced to source ops;
-    ``debug_buffer_bytes``: what one traced call logs in the debug buffer (what its runtime handle will declare as
-    ``debug_buffer_bytes``; None: nothing or unknown), counted in the method's ``debug_buffer_bytes``."""
+    ``debug_buffer_bytes``: what one traced call logs in the debug buffer (None: nothing or unknown), added to the
+    method's ``debug_buffer_bytes``, the one figure the tracer reserves (the backend's runtime side declares
+    nothing). ``data_store_output``: the reference's named data stored outside the blob; edgetorch has no such
+    store, so anything but None is refused (``ExportError``) when the partition is lowered."""
 
     processed_bytes: bytes
     debug_handle_map: dict[int | str, tuple[int, ...]] = field(default_factory=dict)

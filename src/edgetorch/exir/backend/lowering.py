@@ -155,6 +155,10 @@ def _preprocess(spec, sub_ep: ExportedProgram, outputs: list[torch.fx.Node], tag
     backend = get_backend_details(spec.backend_id)
     t1 = time.perf_counter()
     res = backend.preprocess(sub_ep, list(spec.compile_specs))
+    if res.data_store_output is not None:
+        raise ExportError(f"backend '{spec.backend_id}': PreprocessResult.data_store_output is not supported "
+                          "(edgetorch stores no named data outside the delegate blob): put the data in "
+                          "processed_bytes")
     log.info("preprocess %s partition %s (%d ops) in %.2fs", spec.backend_id, tag, n_ops, time.perf_counter() - t1)
     out_vals = [o.meta["val"] for o in outputs]
     return LoweredBackendModule(
