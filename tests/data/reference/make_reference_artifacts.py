@@ -14,13 +14,18 @@ cases), ``<name>.etdp`` + ``<name>_debug.bin.gz`` (one run of the reference's
 Python runtime with ETDump and a debug buffer, so intermediate outputs are logged), ``<name>_etrecord.bin`` (the
 reference's ETRecord, with representative inputs and reference outputs) and ``<name>_gaps.json``: the reference
 Inspector's own ``calculate_numeric_gap`` tables (MSE and L1: handles, op names, gaps) and its event names, the
-figures edgetorch's Inspector is compared against. ``faults/`` holds planted faults (one parameter perturbed
+figures edgetorch's Inspector is compared against (``gaps_edge``: the same tables against the edge program, in the
+files written since the llama was added; ``reference_failure``: the error where the reference Inspector raises).
+``faults/`` holds planted faults (one parameter perturbed
 before export, run by the reference runtime; ``index.json`` lists them with the reference Inspector's
-largest-gap row). Models are tiny (fixed seeds) so the files stay small.
+largest-gap row). ``llama`` is a KV-cache llama (caches as buffers written in place, one token per call);
+``llama_tokens`` runs its programs once per token into one ETDump. Models are tiny (fixed seeds) so the files
+stay small.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -112,8 +117,63 @@ class TinyViT2H(TinyViT):
         return self.head(self.ln3(x).mean(dim=1))
 
 
+class TinyLlama(nn.Module):
+    """A KV-cache llama (llama_tiny-sized): token embedding, two pre-norm blocks (RMSNorm, rotary attention over
+    key/value caches held as buffers and written in place at ``input_pos``, SwiGLU MLP), final norm, LM head; one
+    token per call, so a generation is a sequence of calls whose state lives in the caches."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 2, layers: int = 2, hidden: int = 64,
+                 max_seq: int = 8) -> None:
+        super().__init__()
+        self.heads, self.hd, self.n_layers = heads, dim // heads, layers
+        self.emb = nn.Embedding(vocab, dim)
+        self.norms = nn.ModuleList(nn.RMSNorm(dim, eps=1e-5) for _ in range(2 * layers + 1))
+        self.wqkv = nn.ModuleList(nn.Linear(dim, 3 * dim, bias=False) for _ in range(layers))
+        self.wo = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(layers))
+        self.w13 = nn.ModuleList(nn.Linear(dim, 2 * hidden, bias=False) for _ in range(layers))
+        self.w2 = nn.ModuleList(nn.Linear(hidden, dim, bias=False) for _ in range(layers))
+        self.head = nn.Linear(dim, vocab, bias=False)
+        freqs = 1.0 / (10000 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        ang = torch.outer(torch.arange(max_seq).float(), freqs)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+        self.register_buffer("mask", torch.full((max_seq, max_seq), float("-inf")).triu(1), persistent=False)
+        for i in range(layers):
+            self.register_buffer(f"k_cache{i}", torch.zeros(1, heads, max_seq, self.hd))
+            self.register_buffer(f"v_cache{i}", torch.zeros(1, heads, max_seq, self.hd))
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        a, b = x[..., : self.hd // 2], x[..., self.hd // 2:]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)  # (1, 1, dim)
+        cos, sin, mask = self.cos[input_pos], self.sin[input_pos], self.mask[input_pos]
+        for i in range(self.n_layers):
+            q, k, v = self.wqkv[i](self.norms[2 * i](x)).view(1, 1, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            kc, vc = getattr(self, f"k_cache{i}"), getattr(self, f"v_cache{i}")
+            kc[:, :, input_pos] = k
+            vc[:, :, input_pos] = v
+            att = torch.softmax(q @ kc.transpose(-2, -1) * self.hd ** -0.5 + mask, dim=-1)
+            x = x + self.wo[i]((att @ vc).transpose(1, 2).reshape(1, 1, -1))
+            g, u = self.w13[i](self.norms[2 * i + 1](x)).chunk(2, dim=-1)
+            x = x + self.w2[i](nn.functional.silu(g) * u)
+        return self.head(self.norms[-1](x))
+
+
+#: the tokens of the llama's per-token runs (one call each, positions 0, 1, ...)
+LLAMA_TOKENS = [5, 17, 42, 9]
+
+
+def llama_inputs(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([[LLAMA_TOKENS[k]]]), torch.tensor([k])
+
+
 def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(MODELS_SEED)
+    if name == "llama":
+        return TinyLlama().eval(), llama_inputs(0)
     if name == "mlp":
         return TinyMLP().eval(), (torch.randn(2, 16),)
     if name == "mobilenet":
@@ -183,6 +243,22 @@ def gap_rows(df) -> list[dict]:
 
 
 def make(model_name: str, backend: str, out: str) -> None:
+    if model_name == "llama":  # a stateful program is exported without autograd (its caches are written in place)
+        with torch.no_grad():
+            return _make(model_name, backend, out)
+    return _make(model_name, backend, out)
+
+
+def _tables(inspector, graph: str | None) -> tuple[dict, str | None]:
+    """The reference Inspector's gap tables (MSE, L1) against ``graph`` (None: its default choice), or the
+    error it raises (it fails on some programs: it pairs tensors of different shapes)."""
+    try:
+        return {m: gap_rows(inspector.calculate_numeric_gap(m, reference_graph=graph)) for m in ("MSE", "L1")}, None
+    except ValueError as e:
+        return {}, f"{type(e).__name__}: {e}"
+
+
+def _make(model_name: str, backend: str, out: str) -> None:
     from executorch.devtools import Inspector
     from executorch.exir import to_edge_transform_and_lower
     from executorch.runtime import Runtime
@@ -204,28 +280,33 @@ def make(model_name: str, backend: str, out: str) -> None:
         f.write(et.buffer)
     etrecord = et.get_etrecord()
     etrecord.update_representative_inputs([inputs])
-    with torch.no_grad():
-        expected = model(*inputs)
+    with torch.no_grad():  # on a copy: a stateful model (the llama's caches) must keep its exported state
+        expected = copy.deepcopy(model)(*inputs)
     etrecord.update_reference_outputs({"forward": [[expected.detach()]]})
     etrecord_path = os.path.join(out, f"{name}_etrecord.bin")
     etrecord.save(etrecord_path)
     if model_name == "mlp":  # a bundled program: two test cases with their expected outputs
         write_bundle(et, model, inputs, os.path.join(out, f"{name}.bpte"))
 
-    program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=64 << 10)
+    program = Runtime.get().load_program(pte, enable_etdump=True, debug_buffer_size=(1 << 20) if model_name ==
+                                         "llama" else 64 << 10)
     (result,) = program.load_method("forward").execute(list(inputs))
     etdp, dbg = os.path.join(out, f"{name}.etdp"), os.path.join(out, f"{name}_debug.bin")
     program.write_etdump_result_to_file(etdp, dbg)
 
     inspector = Inspector(etdump_path=etdp, etrecord=etrecord_path, debug_buffer_path=dbg)
-    tables = {metric: gap_rows(inspector.calculate_numeric_gap(metric)) for metric in ("MSE", "L1")}
+    tables, failure = _tables(inspector, None)
+    # the same with the edge program as the AOT reference (the graph edgetorch falls back to when the ATen
+    # program lacks a handle: an unbind the edge program splits into several ops)
+    tables_edge, failure_edge = _tables(inspector, "edge_dialect_exported_program")
     events = [[b.name, e.name, e.debug_handles if not isinstance(e.debug_handles, tuple) else
                list(e.debug_handles), e.is_delegated_op, e.delegate_backend_name]
               for b in inspector.event_blocks for e in b.events]
     with open(os.path.join(out, f"{name}_gaps.json"), "w") as f:
         json.dump({"model": model_name, "backend": backend, "executorch": _version(),
                    "output_max_abs_diff": float((result - expected).abs().max()),
-                   "gaps": tables, "events": _jsonable(events)}, f, indent=1)
+                   "gaps": tables, "reference_failure": failure, "gaps_edge": tables_edge,
+                   "reference_failure_edge": failure_edge, "events": _jsonable(events)}, f, indent=1)
     gzip_file(dbg)
     print(name, {k: len(v) for k, v in tables.items()}, "rows")
 
@@ -285,6 +366,30 @@ def make_multimethod(out: str) -> None:
     os.remove(pte)
     with open(stem + "_io.json", "w") as f:
         json.dump({"head_input": y.tolist(), "outputs": outs}, f)
+
+
+def make_llama_tokens(out: str) -> None:
+    """``llama_<backend>_tokens``: the llama's program (portable and XNNPACK) run once per token of
+    ``LLAMA_TOKENS`` (positions 0, 1, ...: each call reads the caches the previous ones wrote) by one loaded
+    program into one ETDump + gzipped debug buffer; ``_tokens.json`` holds the inputs and the runtime's logits
+    (the eager model's too, run on the same tokens)."""
+    from executorch.runtime import Runtime
+
+    for backend in ("portable", "xnnpack"):
+        model, _ = build("llama")
+        program = Runtime.get().load_program(os.path.join(out, f"llama_{backend}.pte"), enable_etdump=True,
+                                             debug_buffer_size=1 << 20)
+        method = program.load_method("forward")
+        runtime, eager = [], []
+        for k in range(len(LLAMA_TOKENS)):
+            runtime.append(method.execute(list(llama_inputs(k)))[0].tolist())
+            with torch.no_grad():
+                eager.append(model(*llama_inputs(k)).tolist())
+        stem = os.path.join(out, f"llama_{backend}_tokens")
+        program.write_etdump_result_to_file(stem + ".etdp", stem + "_debug.bin")
+        gzip_file(stem + "_debug.bin")
+        with open(stem + ".json", "w") as f:
+            json.dump({"tokens": LLAMA_TOKENS, "runtime_logits": runtime, "eager_logits": eager}, f)
 
 
 def make_multirun(out: str) -> None:
@@ -378,7 +483,7 @@ def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
     everything = ["mlp", "cnn", "mobilenet", "vit", "vit2h", "cnn_int8", "faults", "multirun", "extras",
-                  "multimethod"]
+                  "multimethod", "llama", "llama_tokens"]
     models = sys.argv[2].split(",") if len(sys.argv) > 2 else everything
     for model_name in models:
         if model_name == "faults":
@@ -386,6 +491,9 @@ def main() -> None:
             continue
         if model_name == "multirun":
             make_multirun(out)
+            continue
+        if model_name == "llama_tokens":
+            make_llama_tokens(out)
             continue
         if model_name == "extras":
             make_extras(out)

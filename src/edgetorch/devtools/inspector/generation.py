@@ -134,6 +134,19 @@ def execution_records(etdump: ed.ETDump, inflate: Any) -> list[ExecutionRecord]:
     return records
 
 
+def _inputs_from_record(records: list[ExecutionRecord], etrecord: Any) -> None:
+    """An ETDump that logged no inputs (the reference runtime's): execution k of a method takes the ETRecord's
+    k-th representative input of that method, when the record holds exactly one per execution of it."""
+    reps = getattr(etrecord, "representative_inputs", None) or {}
+    runs: dict[str, int] = {}
+    for r in records:
+        runs[r.execution.method] = runs.get(r.execution.method, 0) + 1
+    for r in records:
+        samples = reps.get(r.execution.method) or []
+        if r.inputs is None and len(samples) == runs[r.execution.method]:
+            r.inputs = list(samples[r.execution.run])
+
+
 def _state_targets(gm: torch.fx.GraphModule) -> list[str]:
     """The attributes (buffers) the graph updates in place: its mutable state."""
     targets = []
@@ -220,6 +233,7 @@ class GenerationReplay:
         self.inspector = inspector
         self.reference_graph = reference_graph
         self.records = execution_records(inspector.etdump, inspector.inflate)
+        _inputs_from_record(self.records, getattr(inspector, "etrecord", None))
         self._modules: dict[str, tuple[torch.fx.GraphModule, str]] = {}
         self._initial: dict[str, torch.Tensor] = {}
         self._state: dict[str, torch.Tensor] = {}
