@@ -204,3 +204,26 @@ def test_a_reference_node_whose_record_contradicts_what_it_computes_is_refused(a
         with pytest.raises(ETRecordFormatError, match="node 'relu' .* computes float32\\[1, 256\\], its record says "
                                                       "int32"):
             insp.calculate_numeric_gap("MSE")
+
+
+@pytest.mark.parametrize("what", ["kernel without instruction", "input under an instruction"])
+def test_an_event_moved_off_its_instruction_or_an_input_moved_onto_one_is_refused(artifacts, what):
+    """Silent gap changes the campaign found after the value checks: a kernel's event given instruction id -1
+    (neither input nor output), or the method input's event given a kernel's instruction id."""
+    from edgetorch.errors import ETDumpFormatError
+    from edgetorch.formats import etdump as ed
+
+    doc = ed.deserialize_etdump(open(artifacts["etdump"], "rb").read())
+    events = [e.debug_event for r in doc.run_data for e in r.events if e.debug_event is not None]
+    if what == "kernel without instruction":
+        next(d for d in events if d.instruction_id >= 0).instruction_id = -1
+        match = "names no instruction"
+    else:
+        next(d for d in events if ed.is_input_event(d)).instruction_id = 3
+        match = "named as a method input but logged under instruction 3"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ETDumpFormatError, match=match) as ei:
+            Inspector(etdump_data=ed.serialize_etdump(doc), etrecord=artifacts["etrecord"],
+                      debug_buffer_path=artifacts["debug_buffer"])
+    assert ei.value.field.endswith("instruction_id")

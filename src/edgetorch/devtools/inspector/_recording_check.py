@@ -3,7 +3,9 @@ checksum of its own, so an edited dtype, shape, stride or instruction id would o
 of another computation and change the gap table with no error.
 
 * every logged tensor has the contiguous strides of its sizes (the runtime's tracer stores every tensor
-  contiguously and records exactly those strides);
+  contiguously and records exactly those strides), and bytes of its own (a kernel's value may be named again by
+  the method's output or a delegate's log, never by another kernel's);
+* an event of no instruction is a method input (named ``input:...``, and only then), an output or a delegate's;
 * with an ETRecord: a portable kernel's event (an instruction id, no delegate id) that names an op of the
   ETRecord's edge graph is logged once per run and output, under an instruction whose debug handles include that
   op's, and its value is what the op produces: a tensor (or tensor list) of the op's dtype and rank, of its size
@@ -55,6 +57,19 @@ def _check_ranges(spans: list[tuple[int, int, bool, str]]) -> None:
                         f"{wb}.offset")
 
 
+def _check_identity(d: ed.DebugEvent, where: str, fld: str) -> None:
+    """An event of no instruction is a method input, a method output or a delegate's own log; an input's event
+    names no instruction."""
+    delegated = d.delegate_debug_id_int != -1 or bool(d.delegate_debug_id_str)
+    named_input = d.name.startswith(ed.INPUT_EVENT_PREFIX) and not d.debug_entry.output
+    if named_input and d.instruction_id != ed.INPUT_INSTRUCTION_ID:
+        raise _fail(f"{where} is named as a method input but logged under instruction {d.instruction_id}",
+                    f"{fld}.instruction_id")
+    if d.instruction_id < 0 and not (named_input or d.debug_entry.output or delegated):
+        raise _fail(f"{where} names no instruction (instruction id {d.instruction_id}) and is neither a method "
+                    "input nor an output", f"{fld}.instruction_id")
+
+
 def _check_layouts(etdump: ed.ETDump) -> None:
     spans: list[tuple[int, int, bool, str]] = []
     for r, run in enumerate(etdump.run_data):
@@ -62,6 +77,7 @@ def _check_layouts(etdump: ed.ETDump) -> None:
             d = e.debug_event
             if d is None:
                 continue
+            _check_identity(d, f"run {r} event {i} ('{d.name}')", f"run_data[{r}].events[{i}].debug_event")
             for j, t in enumerate(_tensors(d.debug_entry)):
                 if len(t.strides) != len(t.sizes) or any(
                         s != c for s, c, n in zip(t.strides, _contiguous(t.sizes), t.sizes) if n > 1):
