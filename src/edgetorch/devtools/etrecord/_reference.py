@@ -19,367 +19,56 @@ looked up through the namespace's own operator lookup (so ``aten::__and__.Tensor
 ``OpOverload``; the only other callables are a fixed table (``CALLABLES``) of functions of ``operator``
 (``"operator::getitem"``, ``"operator::and_"``, ...), ``torch.sym_*`` (``"torch::sym_max"``) and ``math``
 (``"math::ceil"``): the arithmetic of symbolic shapes. Arguments are JSON (node references, None, bool, int, float, str,
-lists, tuples, dtypes, devices, layouts, memory formats); anything else is refused.
+lists, tuples, dtypes, devices, layouts, memory formats); anything else is refused. Those parts (targets,
+arguments, node metadata) are ``_reference_codec``; this module builds and reads the two documents.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import keyword
-import math
-import operator
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from edgetorch.devtools.etrecord._tensors import _NAME_OF, DTYPES, UnsupportedValueError, check_disjoint
-from edgetorch.runtime.ops import is_operator_allowed
+from edgetorch.devtools.etrecord._reference_codec import (
+    ATTR_KINDS,
+    HANDLES_FORMAT,
+    MAX_NODES,
+    NAME_RE,
+    REFERENCE_FORMAT,
+    RESERVED_ATTRS,
+    SCHEMA_VERSION,
+    GraphDataError,
+    NodeInfo,
+    Table,
+    check_json_depth,
+    check_table,
+    decode_arg,
+    decode_val,
+    encode_arg,
+    graph_module_class,
+    json_ok,
+    module_stack_json,
+    module_stack_ok,
+    resolve_target,
+    table_index,
+    target_name,
+    val_json,
+)
+from edgetorch.devtools.etrecord._tensors import UnsupportedValueError, check_disjoint
 
-REFERENCE_FORMAT = "edgetorch.reference_graph"
-HANDLES_FORMAT = "edgetorch.handle_table"
-SCHEMA_VERSION = 1
-
-#: operator namespaces of the built-in allow-list (``edgetorch.formats.operators``; a user may register others)
-NAMESPACES = ("aten", "quantized_decomposed", "edgetorch", "torchao")
-# namespaces registered by a Python module: imported (a fixed name, never one from the file) on a miss
-_LAZY_NAMESPACE_MODULES = {
-    "quantized_decomposed": "torch.ao.quantization.fx._decomposed",
-    "torchao": "torchao.quantization.quant_primitives",
-    "edgetorch": "edgetorch.exir.backend.lowered",
-}
-#: the Python callables a stored target may name: ``operator::<name>`` (getitem and the arithmetic, bitwise and
-#: comparison functions of symbolic shapes), ``torch::<name>`` (``torch.sym_*``) and ``math::<name>``. A fixed
-#: table: a name from the file is only ever a key into it.
-CALLABLES: dict[str, Callable[..., Any]] = {
-    **{f"operator::{n}": getattr(operator, n) for n in (
-        "getitem", "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "pos", "abs", "eq", "ne", "lt",
-        "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift", "rshift", "truth")},
-    **{f"torch::{n}": getattr(torch, n) for n in (
-        "sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sqrt", "sym_sum", "_sym_sqrt",
-        "_sym_cos", "_sym_sin", "_sym_tan", "_sym_cosh", "_sym_sinh", "_sym_tanh", "_sym_acos", "_sym_asin",
-        "_sym_atan", "_sym_log2") if callable(getattr(torch, n, None))},
-    **{f"math::{n}": getattr(math, n) for n in ("ceil", "floor", "trunc", "sqrt", "log2", "exp")},
-}
-#: kept for callers of the previous table: ``{name: function}`` of the ``operator`` entries
-OPERATORS: dict[str, Callable[..., Any]] = {k.split("::", 1)[1]: f for k, f in CALLABLES.items()
-                                            if k.startswith("operator::")}
-_CALLABLE_NAME = {id(f): k for k, f in CALLABLES.items()}
-_IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,199}"
-_DUNDER = r"__[a-z][a-z0-9]*(?:_[a-z0-9]+)*__"  # ATen's Python-operator ops: aten::__and__, aten::__ilshift__
-_TARGET_RE = re.compile(rf"^({_IDENT})::({_IDENT}|{_DUNDER})\.({_IDENT})$")
-_NAME_RE = re.compile(rf"^{_IDENT}$")
-_DEVICE_RE = re.compile(r"^(?:cpu|cuda|meta|mps|xpu|hpu|privateuseone)(?::[0-9]{1,4})?$")
-_LAYOUTS: dict[str, torch.layout] = {
-    n: getattr(torch, n) for n in ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
-                                   "sparse_bsc", "_mkldnn", "jagged")
-    if isinstance(getattr(torch, n, None), torch.layout)
-}
-_MEMORY_FORMATS: dict[str, torch.memory_format] = {
-    n: getattr(torch, n) for n in ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
-}
-_LAYOUT_NAME = {v: k for k, v in _LAYOUTS.items()}
-_MEMORY_FORMAT_NAME = {v: k for k, v in _MEMORY_FORMATS.items()}
-_MAX_DEPTH = 32
-_MAX_NODES = 1_000_000
-_INT_MIN, _INT_MAX = -(2**63), 2**64
-_ATTR_KINDS = ("parameter", "buffer", "constant")
-# attribute names that would shadow a GraphModule / nn.Module member
-_RESERVED_ATTRS = frozenset(dir(torch.fx.GraphModule)) | frozenset(vars(torch.nn.Module()))
-
-
-class GraphDataError(ValueError):
-    """A malformed or unsafe reference graph / handle table; the caller names the zip entry."""
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One op node of an edge program: ``op`` is the operator's schema name (``"aten::addmm"``) or the
-    target's name, ``nn_module_stack`` maps a key to ``(module path, module type name)``, ``is_view`` says
-    the op returns an alias of an input (``edgetorch.exir.op_variants.is_view_op``)."""
-
-    name: str
-    op: str
-    stack_trace: str | None
-    nn_module_stack: dict[str, tuple[str, str]] | None
-    is_view: bool
-
-
-# --- targets ---------------------------------------------------------------------------------------------
-
-def target_name(t: Any) -> str:
-    """``torch.ops.aten.add.Tensor`` -> ``"aten::add.Tensor"``, ``operator.getitem`` -> ``"operator::getitem"``;
-    raises ``UnsupportedValueError`` for any other callable (or one that would not resolve back to itself)."""
-    if isinstance(t, torch._ops.OpOverload):
-        ns = t.namespace
-        name = t._schema.name.split("::", 1)[-1]
-        s = f"{ns}::{name}.{t._overloadname}"
-        try:
-            ok = resolve_target(s) is t
-        except GraphDataError:
-            ok = False
-        if not ok:
-            raise UnsupportedValueError(f"operator {s} cannot be stored: not on the operator allow-list "
-                                        "(edgetorch.formats.operators) nor registered with "
-                                        "edgetorch.runtime.ops.register_operator")
-        return s
-    try:
-        k = _CALLABLE_NAME.get(id(t))
-    except TypeError:
-        k = None
-    if k is not None and CALLABLES[k] is t:
-        return k
-    raise UnsupportedValueError(f"call target {t!r} is neither an OpOverload nor an allowed Python callable "
-                                f"(operator, torch.sym_*, math)")
-
-
-_RESOLVED: dict[str, Callable[..., Any]] = {}
-_DUNDER_RE = re.compile(rf"^{_DUNDER}$")
-
-
-def _dunder_op(op: str) -> bool:
-    """An ATen Python-operator name (``__and__``), never an attribute of the op namespace class itself."""
-    return bool(_DUNDER_RE.match(op)) and not any(op in vars(k) for k in torch._ops._OpNamespace.__mro__)
-
-
-def _lookup(ns: str, op: str, overload: str) -> Any:
-    """``torch.ops.<ns>.<op>.<overload>`` without ordinary attribute lookup on the namespace: a packet it already
-    holds, else the namespace's operator lookup itself (``_OpNamespace.__getattr__``, which only finds registered
-    operators), so a name like ``__class__`` or ``__init__`` can never reach a Python attribute."""
-    space = getattr(torch.ops, ns)
-    packet = vars(space).get(op)
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
-        packet = type(space).__getattr__(space, op)
-    if not isinstance(packet, torch._ops.OpOverloadPacket):
-        return None
-    return getattr(packet, overload)
-
-
-def resolve_target(s: Any) -> Callable[..., Any]:
-    """The callable a stored target names; ``GraphDataError`` for anything that is not an allowed operator: the
-    operators of the runtime's allow-list (``edgetorch.formats.operators``) and those the user registered
-    (``edgetorch.runtime.ops.register_operator``), or the Python callables of ``CALLABLES``."""
-    if not isinstance(s, str) or len(s) > 512:
-        raise GraphDataError(f"node target {str(s)[:80]!r} is not a string")
-    if s in CALLABLES:
-        return CALLABLES[s]
-    m = _TARGET_RE.match(s)
-    if m is None or "__" in m.group(1) + m.group(3) or ("__" in m.group(2) and not _dunder_op(m.group(2))):
-        raise GraphDataError(f"node target {s[:120]!r} is not an allowed operator: neither "
-                             "'<namespace>::<op>.<overload>' nor one of the Python callables of symbolic shapes")
-    ns, op, overload = m.groups()
-    if not is_operator_allowed(f"{ns}::{op}", overload):
-        raise GraphDataError(f"node target {s!r} is not an operator edgetorch runs: no namespace::op.overload on "
-                             "the allow-list (edgetorch.formats.operators) nor registered with "
-                             "edgetorch.runtime.ops.register_operator")
-    if s in _RESOLVED:
-        return _RESOLVED[s]
-    found = None
-    try:
-        found = _lookup(ns, op, overload)
-    except (AttributeError, RuntimeError):
-        pass
-    if found is None and ns in _LAZY_NAMESPACE_MODULES:
-        try:
-            importlib.import_module(_LAZY_NAMESPACE_MODULES[ns])
-            found = _lookup(ns, op, overload)
-        except (ImportError, AttributeError, RuntimeError):
-            found = None
-    if not isinstance(found, torch._ops.OpOverload):
-        raise GraphDataError(f"node target {s!r} is not an operator of this torch")
-    _RESOLVED[s] = found
-    return found
-
-
-# --- arguments -------------------------------------------------------------------------------------------
-
-def encode_arg(x: Any, depth: int = 0, rename: dict[torch.fx.Node, Any] | None = None) -> Any:
-    """The JSON of one node argument; ``rename`` gives the JSON of nodes stored under another form (the nodes
-    of an inlined submodule)."""
-    if depth > _MAX_DEPTH:
-        raise UnsupportedValueError(f"argument nested deeper than {_MAX_DEPTH}")
-    if isinstance(x, torch.fx.Node):
-        if rename is not None and x in rename:
-            return rename[x]
-        return {"node": x.name}
-    if x is None or isinstance(x, (bool, str)):
-        return x
-    if isinstance(x, int):
-        return int(x)
-    if isinstance(x, float):
-        return float(x) if math.isfinite(x) else {"float": repr(float(x))}
-    if isinstance(x, list):
-        return [encode_arg(v, depth + 1, rename) for v in x]
-    if isinstance(x, tuple):
-        return {"tuple": [encode_arg(v, depth + 1, rename) for v in x]}
-    if isinstance(x, torch.dtype) and x in _NAME_OF:
-        return {"dtype": _NAME_OF[x]}
-    if isinstance(x, torch.device):
-        return {"device": str(x)}
-    if isinstance(x, torch.layout) and x in _LAYOUT_NAME:
-        return {"layout": _LAYOUT_NAME[x]}
-    if isinstance(x, torch.memory_format) and x in _MEMORY_FORMAT_NAME:
-        return {"memory_format": _MEMORY_FORMAT_NAME[x]}
-    raise UnsupportedValueError(f"argument of type {type(x).__name__} ({str(x)[:60]}) cannot be stored")
-
-
-def decode_arg(x: Any, env: dict[str, torch.fx.Node], depth: int = 0) -> Any:
-    if depth > _MAX_DEPTH:
-        raise GraphDataError(f"argument nested deeper than {_MAX_DEPTH}")
-    if x is None or isinstance(x, (bool, str, float)):
-        return x
-    if isinstance(x, int):
-        if not _INT_MIN <= x < _INT_MAX:
-            raise GraphDataError(f"integer argument {x} is out of range")
-        return x
-    if isinstance(x, list):
-        return [decode_arg(v, env, depth + 1) for v in x]
-    if isinstance(x, dict) and len(x) == 1:
-        (k, v), = x.items()
-        if k == "node":
-            node = env.get(v) if isinstance(v, str) else None
-            if node is None:
-                raise GraphDataError(f"argument refers to {str(v)[:80]!r}, not an earlier node")
-            return node
-        if k == "tuple" and isinstance(v, list):
-            return tuple(decode_arg(a, env, depth + 1) for a in v)
-        if k == "float" and v in ("inf", "-inf", "nan"):
-            return float(v)
-        if k == "dtype" and isinstance(v, str) and v in DTYPES:
-            return DTYPES[v]
-        if k == "device" and isinstance(v, str) and _DEVICE_RE.match(v):
-            return torch.device(v)
-        if k == "layout" and isinstance(v, str) and v in _LAYOUTS:
-            return _LAYOUTS[v]
-        if k == "memory_format" and isinstance(v, str) and v in _MEMORY_FORMATS:
-            return _MEMORY_FORMATS[v]
-    raise GraphDataError(f"malformed argument {json.dumps(x)[:80] if _json_ok(x) else type(x).__name__}")
-
-
-def _json_ok(x: Any) -> bool:
-    try:
-        json.dumps(x)
-        return True
-    except (TypeError, ValueError, RecursionError):
-        return False
-
-
-# --- node metadata -----------------------------------------------------------------------------------------
-
-class _Table:
-    """Interns repeated values (stack traces, module stacks) into a list; nodes hold indices."""
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-        self._index: dict[str, int] = {}
-
-    def add(self, value: Any) -> int | None:
-        if value is None:
-            return None
-        key = json.dumps(value, sort_keys=False)
-        i = self._index.get(key)
-        if i is None:
-            i = self._index[key] = len(self.items)
-            self.items.append(value)
-        return i
-
-
-def _module_stack_json(stack: Any) -> dict[str, list[str]] | None:
-    if not isinstance(stack, dict) or not stack:
-        return None
-    out: dict[str, list[str]] = {}
-    for k, v in stack.items():
-        if not (isinstance(k, str) and isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str)):
-            return None
-        ty = v[1]
-        if not isinstance(ty, str):  # a class: its qualified name, as torch.export writes it
-            ty = f"{getattr(ty, '__module__', '')}.{getattr(ty, '__qualname__', ty)}"
-        out[k] = [v[0], ty]
-    return out
-
-
-def _val_json(v: Any, depth: int = 0) -> Any:
-    """The shape and dtype of a node's ``meta["val"]`` (FakeTensor or a sequence of them); None if unknown."""
-    if isinstance(v, torch.Tensor):
-        if v.dtype not in _NAME_OF or not all(type(d) is int for d in v.shape):
-            return None
-        return {"dtype": _NAME_OF[v.dtype], "shape": [int(d) for d in v.shape]}
-    if isinstance(v, (list, tuple)) and depth < 2:
-        items = [_val_json(x, depth + 1) for x in v]
-        return {"seq": items} if any(i is not None for i in items) else None
-    return None
-
-
-def _check_table(doc: dict[str, Any], key: str, item_ok: Callable[[Any], bool]) -> list[Any]:
-    items = doc[key]
-    if not isinstance(items, list) or not all(item_ok(x) for x in items):
-        raise GraphDataError(f"{key!r} must be a list of valid entries")
-    return items
-
-
-def _module_stack_ok(x: Any) -> bool:
-    return isinstance(x, dict) and all(isinstance(k, str) and isinstance(v, list) and len(v) == 2
-                                       and isinstance(v[0], str) and isinstance(v[1], str) for k, v in x.items())
-
-
-def _index(i: Any, table: list[Any], what: str) -> Any:
-    if i is None:
-        return None
-    if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(table)):
-        raise GraphDataError(f"{what} index {i!r} is out of range")
-    return table[i]
-
-
-def _check_json_depth(x: Any, what: str) -> None:
-    stack = [(x, 0)]
-    while stack:
-        v, d = stack.pop()
-        if d > _MAX_DEPTH:
-            raise GraphDataError(f"{what} nested deeper than {_MAX_DEPTH}")
-        if isinstance(v, dict):
-            stack.extend((c, d + 1) for c in v.values())
-        elif isinstance(v, list):
-            stack.extend((c, d + 1) for c in v)
-
-
-def _decode_val(spec: Any, cache: dict[tuple, torch.Tensor], depth: int = 0) -> Any:
-    """A value spec as meta tensors (one shared meta tensor per distinct shape and dtype)."""
-    if spec is None:
-        return None
-    if isinstance(spec, dict) and set(spec) == {"dtype", "shape"}:
-        dtype = DTYPES.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
-        shape = spec["shape"]
-        if dtype is None or not isinstance(shape, list) or len(shape) > 64 or not all(
-                isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**62 for s in shape):
-            raise GraphDataError("malformed value spec")
-        key = (dtype, *shape)
-        t = cache.get(key)
-        if t is None:
-            t = cache[key] = torch.empty(shape, dtype=dtype, device="meta")
-        return t
-    if isinstance(spec, dict) and set(spec) == {"seq"} and isinstance(spec["seq"], list) and depth < 2:
-        return tuple(_decode_val(s, cache, depth + 1) for s in spec["seq"])
-    raise GraphDataError("malformed value spec")
-
-
-def _graph_module_class() -> type[torch.fx.GraphModule]:
-    """torch's lazily compiled GraphModule where available: the Python code of a large graph is generated
-    on the first call (the Inspector's interpreter never needs it), not while loading."""
-    try:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-    except ImportError:  # pragma: no cover - older / newer torch
-        return torch.fx.GraphModule
-    return _LazyGraphModule if issubclass(_LazyGraphModule, torch.fx.GraphModule) else torch.fx.GraphModule
+__all__ = ["GraphDataError", "NodeInfo", "REFERENCE_FORMAT", "SCHEMA_VERSION", "build_handles", "build_reference",
+           "encode_handles", "encode_reference", "handles_from_program", "reference_from_program", "resolve_target",
+           "target_name"]
 
 
 # --- reference graph -------------------------------------------------------------------------------------------
 
 def _valid_attr_name(name: str, taken: set[str]) -> bool:
-    return (isinstance(name, str) and bool(_NAME_RE.match(name)) and not name.startswith("_")
-            and not keyword.iskeyword(name) and name not in _RESERVED_ATTRS and name not in taken)
+    return (isinstance(name, str) and bool(NAME_RE.match(name)) and not name.startswith("_")
+            and not keyword.iskeyword(name) and name not in RESERVED_ATTRS and name not in taken)
 
 
 def _inline_operands(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple] | None:
@@ -401,8 +90,8 @@ class _CallEncoder:
     nodes take fresh names and the higher-order node's ``meta["custom"]`` (debug handle), its stack trace and
     module stack where they have none, and the getitems of its result index the tuple of its outputs)."""
 
-    def __init__(self, root: torch.nn.Module, nodes: list[dict[str, Any]], names: set[str], traces: _Table,
-                 stacks: _Table) -> None:
+    def __init__(self, root: torch.nn.Module, nodes: list[dict[str, Any]], names: set[str], traces: Table,
+                 stacks: Table) -> None:
         self.root, self.nodes, self.names, self.traces, self.stacks = root, nodes, names, traces, stacks
         self.top: dict[torch.fx.Node, Any] = {}  # top-level nodes stored in another form (inlined results)
 
@@ -415,18 +104,18 @@ class _CallEncoder:
         custom = node.meta.get("custom") or src.get("custom")
         meta: dict[str, Any] = {}
         if custom is not None:
-            if not isinstance(custom, dict) or not _json_ok(custom):
+            if not isinstance(custom, dict) or not json_ok(custom):
                 raise UnsupportedValueError(f"node {node.name!r}: meta['custom'] is not a JSON object")
             meta["custom"] = json.loads(json.dumps(custom, allow_nan=False))
         trace = node.meta.get("stack_trace") or src.get("stack_trace")
         meta["stack_trace"] = self.traces.add(trace if isinstance(trace, str) else None)
-        meta["nn_module_stack"] = self.stacks.add(_module_stack_json(node.meta.get("nn_module_stack")
+        meta["nn_module_stack"] = self.stacks.add(module_stack_json(node.meta.get("nn_module_stack")
                                                                      or src.get("nn_module_stack")))
-        meta["val"] = _val_json(node.meta.get("val"))
+        meta["val"] = val_json(node.meta.get("val"))
         return meta
 
     def _fresh(self, base: str) -> str:
-        name = base if _NAME_RE.match(base) and base not in self.names else next(
+        name = base if NAME_RE.match(base) and base not in self.names else next(
             f"{base[:150]}_{i}" for i in range(1, 10**9) if f"{base[:150]}_{i}" not in self.names)
         self.names.add(name)
         return name
@@ -481,7 +170,7 @@ def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, s
     from torch.export.graph_signature import InputKind, OutputKind
 
     sig = ep.graph_signature
-    traces, stacks = _Table(), _Table()
+    traces, stacks = Table(), Table()
     attrs: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
     names = {n.name for n in ep.graph.nodes}
@@ -562,10 +251,10 @@ def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torc
     """Validates a reference-graph document and builds its GraphModule; ``read_tensor(stored, what, param,
     requires_grad)`` gives an attribute's tensor. Raises ``GraphDataError`` (or the reader's own error)."""
     _header(doc, REFERENCE_FORMAT, _REF_KEYS)
-    traces = _check_table(doc, "stack_traces", lambda x: isinstance(x, str))
-    stacks = [{k: (v[0], v[1]) for k, v in s.items()} for s in _check_table(doc, "module_stacks", _module_stack_ok)]
+    traces = check_table(doc, "stack_traces", lambda x: isinstance(x, str))
+    stacks = [{k: (v[0], v[1]) for k, v in s.items()} for s in check_table(doc, "module_stacks", module_stack_ok)]
     attrs, nodes = doc["attrs"], doc["nodes"]
-    if not isinstance(attrs, list) or not isinstance(nodes, list) or len(nodes) > _MAX_NODES:
+    if not isinstance(attrs, list) or not isinstance(nodes, list) or len(nodes) > MAX_NODES:
         raise GraphDataError("attrs and nodes must be lists")
     root = torch.nn.Module()
     taken: set[str] = set()
@@ -575,7 +264,7 @@ def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torc
         name = a["name"]
         if not _valid_attr_name(name, taken):
             raise GraphDataError(f"attribute name {str(name)[:80]!r} is not allowed")
-        if a["kind"] not in _ATTR_KINDS or not isinstance(a["param"], bool) \
+        if a["kind"] not in ATTR_KINDS or not isinstance(a["param"], bool) \
                 or not isinstance(a["requires_grad"], bool):
             raise GraphDataError(f"attribute {name!r}: malformed kind/param/requires_grad")
         taken.add(name)
@@ -595,7 +284,7 @@ def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torc
         op, name = nd["op"], nd["name"]
         if n_out:
             raise GraphDataError("the output node must be the last node")
-        if not _NAME_RE.match(name) or name in env:
+        if not NAME_RE.match(name) or name in env:
             raise GraphDataError(f"node {i}: name {name[:80]!r} is not a fresh identifier")
         if op == "placeholder" and set(nd) == {"op", "name"}:
             node = graph.create_node("placeholder", name, name=name)
@@ -610,7 +299,7 @@ def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torc
                 raise GraphDataError(f"node {name!r}: {e}") from None
             args, kwargs, meta = nd["args"], nd["kwargs"], nd["meta"]
             if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(
-                    isinstance(k, str) and _NAME_RE.match(k) for k in kwargs):
+                    isinstance(k, str) and NAME_RE.match(k) for k in kwargs):
                 raise GraphDataError(f"node {name!r}: malformed args/kwargs")
             node = graph.create_node("call_function", target, name=name)
             # set after creation: create_node would walk the arguments with pytree looking for SymInts,
@@ -632,7 +321,7 @@ def build_reference(doc: Any, read_tensor: Callable[[Any, str, bool, bool], torc
         env[name] = node
     if n_out != 1:
         raise GraphDataError("the graph has no output node")
-    return _graph_module_class()(root, graph, class_name="ReferenceGraph")
+    return graph_module_class()(root, graph, class_name="ReferenceGraph")
 
 
 def _apply_meta(node: torch.fx.Node, meta: Any, traces: list[str], stacks: list[Any],
@@ -643,15 +332,15 @@ def _apply_meta(node: torch.fx.Node, meta: Any, traces: list[str], stacks: list[
         custom = meta["custom"]
         if not isinstance(custom, dict):
             raise GraphDataError(f"node {node.name!r}: meta custom must be an object")
-        _check_json_depth(custom, f"node {node.name!r}: meta custom")
+        check_json_depth(custom, f"node {node.name!r}: meta custom")
         node.meta["custom"] = custom
-    trace = _index(meta.get("stack_trace"), traces, "stack trace")
+    trace = table_index(meta.get("stack_trace"), traces, "stack trace")
     if trace is not None:
         node.meta["stack_trace"] = trace
-    stack = _index(meta.get("nn_module_stack"), stacks, "module stack")
+    stack = table_index(meta.get("nn_module_stack"), stacks, "module stack")
     if stack is not None:
         node.meta["nn_module_stack"] = dict(stack)
-    val = _decode_val(meta.get("val"), vals)
+    val = decode_val(meta.get("val"), vals)
     if val is not None:
         node.meta["val"] = val
 
@@ -675,7 +364,7 @@ def encode_handles(ep: Any, method: str) -> dict[str, Any]:
     from edgetorch.exir.debug_handles import nodes_by_handle
     from edgetorch.exir.op_variants import is_view_op
 
-    traces, stacks = _Table(), _Table()
+    traces, stacks = Table(), Table()
     rows: list[list[Any]] = []
     order = {n: i for i, n in enumerate(ep.graph.nodes)}
     for h, n in sorted(((h, n) for h, ns in nodes_by_handle(ep.graph).items() for n in ns),
@@ -687,7 +376,7 @@ def encode_handles(ep: Any, method: str) -> dict[str, Any]:
             op, is_view = str(getattr(t, "__name__", t)), False
         trace = n.meta.get("stack_trace")
         rows.append([h, n.name, op, traces.add(trace if isinstance(trace, str) else None),
-                     stacks.add(_module_stack_json(n.meta.get("nn_module_stack"))), bool(is_view)])
+                     stacks.add(module_stack_json(n.meta.get("nn_module_stack"))), bool(is_view)])
     return {"format": HANDLES_FORMAT, "version": SCHEMA_VERSION, "method": method,
             "stack_traces": traces.items, "module_stacks": stacks.items, "nodes": rows}
 
@@ -698,19 +387,19 @@ _HANDLE_KEYS = {"format", "version", "method", "stack_traces", "module_stacks", 
 def build_handles(doc: Any) -> dict[int, list[NodeInfo]]:
     """Validates a handle-table document; returns ``{debug handle: [NodeInfo, ...]}`` in graph order."""
     _header(doc, HANDLES_FORMAT, _HANDLE_KEYS)
-    traces = _check_table(doc, "stack_traces", lambda x: isinstance(x, str))
+    traces = check_table(doc, "stack_traces", lambda x: isinstance(x, str))
     stacks = [{k: (v[0], v[1]) for k, v in s.items()}
-              for s in _check_table(doc, "module_stacks", _module_stack_ok)]
+              for s in check_table(doc, "module_stacks", module_stack_ok)]
     rows = doc["nodes"]
-    if not isinstance(rows, list) or len(rows) > _MAX_NODES:
+    if not isinstance(rows, list) or len(rows) > MAX_NODES:
         raise GraphDataError("nodes must be a list")
     out: dict[int, list[NodeInfo]] = {}
     for i, row in enumerate(rows):
         if not (isinstance(row, list) and len(row) == 6 and isinstance(row[0], int) and not isinstance(row[0], bool)
                 and isinstance(row[1], str) and isinstance(row[2], str) and isinstance(row[5], bool)):
             raise GraphDataError(f"node row {i} is malformed")
-        stack = _index(row[4], stacks, "module stack")
-        info = NodeInfo(row[1], row[2], _index(row[3], traces, "stack trace"),
+        stack = table_index(row[4], stacks, "module stack")
+        info = NodeInfo(row[1], row[2], table_index(row[3], traces, "stack trace"),
                         None if stack is None else dict(stack), row[5])
         out.setdefault(row[0], []).append(info)
     return out
