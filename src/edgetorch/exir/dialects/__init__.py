@@ -1,0 +1,1 @@
+"""Operator namespaces for writing passes and partitioners (``dialects._ops.ops``), as the reference spells them."""
