@@ -5,6 +5,7 @@ of another computation and change the gap table with no error.
 * every logged tensor has the contiguous strides of its sizes (the runtime's tracer stores every tensor
   contiguously and records exactly those strides), and bytes of its own (a kernel's value may be named again by
   the method's output or a delegate's log, never by another kernel's);
+* a run that logged its instructions' values logged one for every instruction it profiled;
 * an event of no instruction is a method input (named ``input:...``, and only then), an output or a delegate's;
 * with an ETRecord: a portable kernel's event (an instruction id, no delegate id) that names an op of the
   ETRecord's edge graph is logged once per run and output, under an instruction whose debug handles include that
@@ -68,6 +69,24 @@ def _check_identity(d: ed.DebugEvent, where: str, fld: str) -> None:
     if d.instruction_id < 0 and not (named_input or d.debug_entry.output or delegated):
         raise _fail(f"{where} names no instruction (instruction id {d.instruction_id}) and is neither a method "
                     "input nor an output", f"{fld}.instruction_id")
+
+
+def _check_complete(r: int, run: ed.RunData) -> None:
+    """A run that logged its instructions' values logged one for every instruction it profiled (the tracer logs
+    every output of every step it times): a dropped event would hide its row from the gap table."""
+    def plain(e: ed.ProfileEvent | ed.DebugEvent) -> bool:
+        return e.instruction_id >= 0 and e.delegate_debug_id_int == -1 and not e.delegate_debug_id_str
+
+    logged = {e.debug_event.instruction_id for e in run.events if e.debug_event is not None
+              and plain(e.debug_event) and not e.debug_event.debug_entry.output}
+    if not logged:
+        return
+    for i, e in enumerate(run.events):
+        p = e.profile_event
+        if p is not None and plain(p) and p.instruction_id not in logged:
+            raise _fail(f"run {r}: instruction {p.instruction_id} ('{p.name}') ran but logged no value, while the "
+                        "run logged its other instructions' values (an event dropped?)",
+                        f"run_data[{r}].events[{i}].profile_event.instruction_id")
 
 
 def _check_layouts(etdump: ed.ETDump) -> None:
@@ -179,6 +198,8 @@ def check_recording(etdump: ed.ETDump, etrecord: Any = None) -> None:
     _check_layouts(etdump)
     if etrecord is not None:
         _check_against_etrecord(etdump, etrecord)
+    for r, run in enumerate(etdump.run_data):
+        _check_complete(r, run)
 
 
 def check_node_value(n: torch.fx.Node, out: Any) -> None:
