@@ -13,6 +13,7 @@ import torch
 from edgetorch.devtools.etrecord import parse_etrecord
 from edgetorch.devtools.etrecord._executorch_graph import Unsupported, reference_document
 from edgetorch.devtools.etrecord._reference import reference_from_program
+from edgetorch.errors import ETRecordFormatError
 from tests.devtools._reference_data import DATA
 
 RECORDS = sorted(p.name for p in DATA.glob("*_etrecord.bin"))
@@ -39,7 +40,12 @@ def test_document_graphs_equal_torchs_deserializer(name: str) -> None:
     for role, key in roles:
         fast = lazy._graph(role, key)
         assert lazy._programs.get((role, key)) is None, "built without torch's deserializer"
-        slow = reference_from_program(lazy.program(role, key), key)
+        try:
+            slow = reference_from_program(lazy.program(role, key), key)
+        except ETRecordFormatError as e:  # torch's verifier refuses the llama's in-place cache writes (ATen)
+            assert role == "aten" and name.startswith("llama") and "not functional" in str(e), e
+            assert any(n.target is torch.ops.aten.index_put_.default for n in fast.graph.nodes)
+            continue
         assert _nodes(fast) == _nodes(slow), (name, role, key)
         reps = rec._representative_inputs
         if role != "graph_map" and key == "forward" and reps:
