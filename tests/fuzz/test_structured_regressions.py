@@ -246,3 +246,22 @@ def test_a_dropped_debug_event_is_refused(artifacts):
             Inspector(etdump_data=ed.serialize_etdump(doc), etrecord=artifacts["etrecord"],
                       debug_buffer_path=artifacts["debug_buffer"])
     assert ei.value.field.endswith("profile_event.instruction_id")
+
+
+def test_a_value_moved_to_a_view_instruction_of_the_same_handle_is_refused(artifacts):
+    """addmm's event moved from instruction 1 to instruction 0 (the permute of the same debug handle, a view the
+    tracer never logs): the ETRecord's handles agree, the gap table's instruction changed silently (24 of the
+    campaign's 10,000 ETDump mutants). The run timed no instruction 0."""
+    from edgetorch.errors import ETDumpFormatError
+    from edgetorch.formats import etdump as ed
+
+    doc = ed.deserialize_etdump(open(artifacts["etdump"], "rb").read())
+    d = next(e.debug_event for r in doc.run_data for e in r.events if e.debug_event is not None
+             and e.debug_event.name == "addmm")
+    d.instruction_id = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ETDumpFormatError, match="logged under instruction 0, which the run never timed|ran but "
+                                                    "logged no value"):
+            Inspector(etdump_data=ed.serialize_etdump(doc), etrecord=artifacts["etrecord"],
+                      debug_buffer_path=artifacts["debug_buffer"])

@@ -5,7 +5,8 @@ of another computation and change the gap table with no error.
 * every logged tensor has the contiguous strides of its sizes (the runtime's tracer stores every tensor
   contiguously and records exactly those strides), and bytes of its own (a kernel's value may be named again by
   the method's output or a delegate's log, never by another kernel's);
-* a run that logged its instructions' values logged one for every instruction it profiled;
+* a run that logged its instructions' values logged one for every instruction it profiled, and none for an
+  instruction it did not (a view, evaluated at load);
 * an event of no instruction is a method input (named ``input:...``, and only then), an output or a delegate's;
 * with an ETRecord: a portable kernel's event (an instruction id, no delegate id) that names an op of the
   ETRecord's edge graph is logged once per run and output, under an instruction whose debug handles include that
@@ -81,12 +82,18 @@ def _check_complete(r: int, run: ed.RunData) -> None:
               and plain(e.debug_event) and not e.debug_event.debug_entry.output}
     if not logged:
         return
+    profiled = {e.profile_event.instruction_id for e in run.events if e.profile_event is not None
+                and plain(e.profile_event)}
     for i, e in enumerate(run.events):
-        p = e.profile_event
+        p, d = e.profile_event, e.debug_event
         if p is not None and plain(p) and p.instruction_id not in logged:
             raise _fail(f"run {r}: instruction {p.instruction_id} ('{p.name}') ran but logged no value, while the "
                         "run logged its other instructions' values (an event dropped?)",
                         f"run_data[{r}].events[{i}].profile_event.instruction_id")
+        if profiled and d is not None and plain(d) and not d.debug_entry.output and d.instruction_id not in profiled:
+            raise _fail(f"run {r} event {i} ('{d.name}') is logged under instruction {d.instruction_id}, which the run "
+                        "never timed (a view, or no instruction of the method)",
+                        f"run_data[{r}].events[{i}].debug_event.instruction_id")
 
 
 def _check_layouts(etdump: ed.ETDump) -> None:
