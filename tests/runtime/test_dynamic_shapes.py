@@ -111,6 +111,27 @@ def test_debug_runs_log_the_actual_shapes_of_each_run(attention, tmp_path):
             assert finals, "the program output is logged with this run's shape"
 
 
+def test_a_dynamic_program_output_is_logged_once_at_the_plan_figure(attention, tmp_path):
+    """A program output written by an instruction is logged once (after it), its output event pointing at those
+    bytes: the tracer reserves exactly the plan's figure (``run_debug_bytes``), a run at the upper bound stores
+    exactly that, and the output events still read this run's values."""
+    _, et = attention
+    prog = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    method = prog.load_method("forward")
+    plan = prog.plan("forward")
+    assert prog.tracer.required_debug_buffer_bytes("forward") == plan.debug_buffer_bytes == pf.run_debug_bytes(plan)
+    out = method.execute(torch.randn(1, 24, 32))  # the upper bound: every logged tensor at its planned size
+    assert prog.tracer.sink.used_bytes == plan.debug_buffer_bytes
+    prog.write_etdump_result_to_file(tmp_path / "d.etdp", tmp_path / "d.bin")
+    run = [r for r in read_etdump(tmp_path / "d.etdp").run_data if r.name == "Execute"][0]
+    outs = sorted((e.debug_event.output_index, e.debug_event.debug_entry) for e in run.events
+                  if e.debug_event is not None and e.debug_event.debug_entry.output)
+    assert [j for j, _ in outs] == list(range(len(out)))
+    with DebugBuffer(tmp_path / "d.bin") as buf:
+        for (_, entry), want in zip(outs, out):
+            torch.testing.assert_close(buf.value(entry), want, rtol=0, atol=0)
+
+
 def test_symbolic_sizes_refuse_bad_expressions():
     from edgetorch.errors import ProgramFormatError
     from edgetorch.formats import symexpr

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -45,6 +45,8 @@ from edgetorch.runtime.debug_sink import (  # noqa: F401 (BufferSink, MAX_DEBUG_
     is_sink_file,
     make_sink,
 )
+
+__all__ = ["ASYNC_MIN_BYTES", "ProgramTracer"]
 
 _STATIC_PLACEMENTS = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_ALIAS, pf.PLACEMENT_MUTABLE)
 _clock = time.perf_counter_ns
@@ -79,6 +81,7 @@ class _Out:
     template: ed.Tensor | None = None  # static tensors: everything but the offset
     slot: int = -1  # static tensors with bytes: index of their offset in the run's offsets list
     scalar: Any = None  # static non-tensor values
+    shared: bool = False  # a program output logged (dynamically) by the instruction that last wrote it
 
 
 @dataclass(eq=False, slots=True)
@@ -128,6 +131,7 @@ class _MethodTrace:
         self.num_slots = 0
         self._sizes: list[int] = []  # bytes of every tensor a run logs (upper bounds for dynamic ones)
         self._slot_of: dict[int, int] = {}  # vid -> offsets slot of a stored instruction output
+        self._dynamic_of: set[int] = set()  # vids an instruction logs at run time (dynamic)
         self._staging: list[torch.Tensor] = []
         # per static blob: (step that produced it, [lo, hi) source address range or None if private)
         self._blobs: list[tuple[int, tuple[int, int] | None]] = []
@@ -156,13 +160,16 @@ class _MethodTrace:
             if slot is not None:  # the bytes logged after the instruction that wrote it (still live)
                 first = next(o for step in self.steps for o in step.outs if o.slot == slot)
                 self.program_outs.append(_Out(j, vid, name, False, first.template, slot))
+            elif vid in self._dynamic_of:  # logged at run time after its last writer: its event is reused
+                self.program_outs.append(_Out(j, vid, name, True, shared=True))
             else:
                 self.program_outs.append(self._out(tracer, len(self.steps), j, vid, name, -1, self.out_logs))
 
     def _planned_bytes(self) -> int:
-        """The plan's ``debug_buffer_bytes`` (the one figure, which ``MethodMeta`` shows). Never less than the
-        values the tracer logs itself take: a file edited by hand may promise less, and a dynamic method logs a
-        program output computed with a per-run shape once more at the end, beyond the formula's upper bound."""
+        """The plan's ``debug_buffer_bytes`` (the one figure, which ``MethodMeta`` shows): the tracer logs
+        exactly ``formats.program.logged_values`` (a program output an instruction logged, static or dynamic, is
+        not logged again), so its own values take that figure. Never less than them: a file edited by hand may
+        promise less."""
         return max(self.method.plan.debug_buffer_bytes, debug_bytes(self._sizes))
 
     def _out(self, tracer: ProgramTracer, step: int, j: int, vid: int, name: str, k: int, logs: list[_Log]) -> _Out:
@@ -177,6 +184,8 @@ class _MethodTrace:
         if isinstance(v, pf.TensorDef) or isinstance(cur, (torch.Tensor, list, tuple)):
             if reshaped:  # reserved at its upper bound, so a fixed buffer sized by run_bytes never overflows
                 self._sizes.append(v.nbytes)
+            if k >= 0:
+                self._dynamic_of.add(vid)
             logs.append(_Log(functools.partial(tracer._log_dynamic, self, k, j, vid, name)))
             return _Out(j, vid, name, True)
         return _Out(j, vid, name, False, scalar=cur)
@@ -250,6 +259,7 @@ class _ExecRun:
     offsets: list[int] = field(default_factory=list)  # one per stored static tensor, in logging order
     extra: dict[int, list[ed.Event]] = field(default_factory=dict)  # instruction id -> delegate/dynamic events
     inputs: list[ed.Event] = field(default_factory=list)  # one debug event per method input
+    dynamic: dict[int, ed.Value] = field(default_factory=dict)  # vid -> value its last writer logged
     start: int = 0
     end: int = 0
 
@@ -275,6 +285,8 @@ class _ExecRun:
             events.extend(self.extra.get(k, ()))
             events.extend(self._debug(o, 0, k, False) for o in step.outs if not o.dynamic)
         events.extend(self._debug(o, -1, -1, True) for o in mt.program_outs if not o.dynamic)
+        events.extend(ed.Event(debug_event=ed.DebugEvent(-1, -1, -1, "", replace(self.dynamic[o.vid], output=True),
+                                                         o.index, o.name)) for o in mt.program_outs if o.shared)
         events.extend(self.extra.get(-1, ()))
         events.append(ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_EXECUTE, -1, -1, start_time=self.start,
                                                              end_time=self.end)))
@@ -529,6 +541,8 @@ class ProgramTracer:
         value = self._value(mt.method.value(vid))
         chain = 0 if k >= 0 else -1
         value.output = k < 0
+        if k >= 0:
+            self._run.dynamic[vid] = value
         self._run.extra.setdefault(k, []).append(
             ed.Event(debug_event=ed.DebugEvent(chain, k, -1, "", value, j, name)))
 
