@@ -330,3 +330,30 @@ def test_the_size_checker_counts_functions_and_skips_generated_code():
     assert mods == {} and [(f.qualname, f.lines) for f in funcs] == [("C.m", cs.FUNCTION_BUDGET + 1)]
     mods, _ = cs.over_budget({"b.py": "x = 1\n" * (cs.MODULE_BUDGET + 1)})
     assert mods == {"b.py": cs.MODULE_BUDGET + 1}
+
+
+def _public_modules() -> dict[str, Path]:
+    """Every public module: no part of its dotted name starts with ``_`` (a package is its ``__init__``)."""
+    return {m: p for m, p in _modules().items() if not any(part.startswith("_") for part in m.split("."))}
+
+
+def test_every_public_module_declares_all():
+    """Each public module states its API in ``__all__`` (issue 27): every name in it exists once the module is
+    imported, none twice, and every public class or function the module defines at top level is in it."""
+    import importlib
+
+    missing, absent, unlisted = [], [], []
+    for name, path in sorted(_public_modules().items()):
+        mod = importlib.import_module(name)
+        names = getattr(mod, "__all__", None)
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            missing.append(name)
+            continue
+        assert len(set(names)) == len(names), f"{name}.__all__ lists a name twice"
+        absent += [f"{name}.{n}" for n in names if not hasattr(mod, n)]
+        defined = [n.name for n in ast.parse(path.read_text()).body
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        unlisted += [f"{name}.{n}" for n in defined if not n.startswith("_") and n not in names]
+    assert missing == [], f"public modules without __all__: {missing}"
+    assert absent == [], f"__all__ names that do not exist: {absent}"
+    assert unlisted == [], f"public classes/functions missing from their module's __all__: {unlisted}"

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+__all__ = ["EdgeTorchError", "FormatError", "ProgramFormatError", "OperatorNotAllowedError", "ExportError",
+           "MemoryPlanError", "UnsupportedOpError", "RuntimeInputError", "MethodNotFoundError", "KernelError",
+           "ETDumpFormatError", "DebugBufferOverflowError", "ETRecordError", "ETRecordFormatError", "InspectorError",
+           "ArtifactMismatchError", "ExportSessionError", "PipelineError", "ExportInputError", "UnsupportedModelError",
+           "RecipeError", "UnsafeModelFileError", "ObserverEffectWarning", "ArtifactIOError", "ArtifactNotFoundError",
+           "DebugBufferConfigError", "artifact_io_error"]
+
 
 class EdgeTorchError(Exception):
     """Base class of every error edgetorch raises on purpose."""

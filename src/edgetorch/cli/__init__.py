@@ -1,1 +1,3 @@
 """The ``edgetorch`` command line: ``demo``, ``run`` (program / bundled program runner) and ``inspect``."""
+
+__all__: list[str] = []

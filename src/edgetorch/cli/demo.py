@@ -10,6 +10,8 @@ import argparse
 import os
 from typing import Any
 
+__all__ = ["add_arguments", "run"]
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="vit_tiny", help="zoo model (edgetorch.models.list_models()); "

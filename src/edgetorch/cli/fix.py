@@ -17,6 +17,8 @@ import argparse
 
 from edgetorch.cli._common import CliError, guarded
 
+__all__ = ["add_arguments", "run"]
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="mlp", help="zoo model (edgetorch.models.list_models())")

@@ -15,6 +15,8 @@ import time
 
 from edgetorch.cli._common import CliError, guarded
 
+__all__ = ["LLMS", "add_arguments", "run"]
+
 LLMS = ("llama_tiny", "llama_100m", "llama_1b")
 
 

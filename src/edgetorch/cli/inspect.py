@@ -32,6 +32,8 @@ from typing import Any
 
 from edgetorch.cli._common import CliError, check_output_path, guarded
 
+__all__ = ["EXIT_OK", "add_arguments", "observer_effect_line", "run"]
+
 EXIT_OK = 0  # 2: bad arguments or artifacts, 3: any other failure (edgetorch.cli._common)
 
 

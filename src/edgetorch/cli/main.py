@@ -10,6 +10,8 @@ import importlib
 import logging
 import sys
 
+__all__ = ["main"]
+
 _COMMANDS = {
     "demo": ("edgetorch.cli.demo", "Export a zoo model, run it with ETDump, print its numeric-gap table and "
              "write an HTML report"),

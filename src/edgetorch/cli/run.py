@@ -19,6 +19,9 @@ from typing import Any
 
 from edgetorch.cli._common import CliError, check_output_path, guarded
 
+__all__ = ["EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_RUN_FAILED", "DEFAULT_RTOL", "DEFAULT_ATOL", "RunFailed",
+           "add_arguments", "OutputCheck", "compare_output", "run"]
+
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_RUN_FAILED = 0, 1, 3  # 2: bad arguments (edgetorch.cli._common)
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-5  # the reference runner's (hard-coded there) tolerances
 

@@ -16,6 +16,8 @@ from typing import Any
 
 from edgetorch.cli._common import CliError
 
+__all__ = ["AUTO_DEBUG_BUFFER", "reference_kind", "run_reference"]
+
 AUTO_DEBUG_BUFFER = 64 << 20
 _IDENTIFIERS = {b"ET12": "program", b"BP08": "bundled program"}
 

@@ -24,6 +24,9 @@ import torch.fx
 from edgetorch.errors import EdgeTorchError
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 
+__all__ = ["GraphViewError", "GraphNode", "Partition", "EdgeGraph", "partitions_of", "graph_from_module",
+           "extract_graph", "Placed", "Layout", "paginate", "layout", "rows_for_nodes"]
+
 
 class GraphViewError(EdgeTorchError, ValueError):
     """The ETRecord has no edge graph for the method, or a layout argument is out of range."""

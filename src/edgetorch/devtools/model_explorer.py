@@ -29,6 +29,9 @@ from edgetorch._fileio import atomic_write
 from edgetorch.errors import EdgeTorchError
 from edgetorch.formats.handles import DELEGATE_CALL
 
+__all__ = ["DEFAULT_GRAPH_ID", "NOISE_THRESHOLDS", "ModelExplorerError", "default_value", "node_data",
+           "write_node_data"]
+
 #: the graph id Model Explorer's PyTorch ExportedProgram adapter gives the program's graph
 DEFAULT_GRAPH_ID = "graph"
 NOISE_THRESHOLDS = [{"value": 0, "bgColor": "#e9ecef"}, {"value": 1, "bgColor": "#b2f2bb"},

@@ -10,6 +10,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
+__all__ = ["clone_program", "sync_signature_names"]
+
 
 def clone_program(ep: ExportedProgram, gm: torch.fx.GraphModule | None = None,
                   signature: ExportGraphSignature | None = None, state_dict: dict | None = None,

@@ -9,6 +9,8 @@ import torch
 from edgetorch.errors import ExportError, MemoryPlanError
 from edgetorch.exir.memory_planning import ALGORITHMS
 
+__all__ = ["DEFAULT_PRESERVED_OPS", "EdgeCompileConfig", "ExecutorchBackendConfig"]
+
 #: Ops kept whole (not decomposed) by default. ``scaled_dot_product_attention`` decomposes into ~25 nodes
 #: with a costly "safe softmax" tail; kept whole it runs through ATen's fused CPU kernel.
 DEFAULT_PRESERVED_OPS: tuple = (torch.ops.aten.scaled_dot_product_attention.default,)

@@ -17,6 +17,9 @@ from torch.export import ExportedProgram
 
 from edgetorch.formats.handles import parse_handle
 
+__all__ = ["get_debug_handle", "set_debug_handle", "assign_debug_handles", "fill_missing_debug_handles",
+           "source_frames", "source_location", "nodes_by_handle"]
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)\n(?P<code>[^\n]*)')
 

@@ -45,6 +45,8 @@ from edgetorch.formats.alignment import ALIGNMENT
 from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, dtype_code, storage_nbytes
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup, OutputSource
 
+__all__ = ["ConstantPool", "DelegatePool", "EmittedMethod", "emit_method"]
+
 
 class ConstantPool:
     """Constant tensors shared by every method of a program, placed in the segment area."""

@@ -17,6 +17,8 @@ from edgetorch.formats import program as pf
 from edgetorch.formats.alignment import align
 from edgetorch.formats.plan_check import find_overlap, live_ranges  # noqa: F401 - live_ranges: callers' API
 
+__all__ = ["Buffer", "MemoryPlan", "peak_live_bytes", "ALGORITHMS", "plan_memory", "verify_memory_plan"]
+
 
 @dataclass
 class Buffer:

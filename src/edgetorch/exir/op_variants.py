@@ -6,6 +6,8 @@ import functools
 
 import torch
 
+__all__ = ["is_view_op", "out_variant"]
+
 
 def is_view_op(op: torch._ops.OpOverload) -> bool:
     """True when the op returns an alias of an input (a view) and mutates nothing."""

@@ -28,6 +28,8 @@ from torch.fx.node import map_arg
 
 from edgetorch.errors import ExportError
 
+__all__ = ["PassResult", "NodeMetadata", "ExportPass"]
+
 
 class PassResult(NamedTuple):
     graph_module: torch.fx.GraphModule

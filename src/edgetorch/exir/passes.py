@@ -17,6 +17,8 @@ from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import fill_missing_debug_handles
 from edgetorch.exir.verifier import verify_edge_program
 
+__all__ = ["apply_passes"]
+
 
 def apply_passes(ep: ExportedProgram, passes: Sequence[Callable], method: str, config) -> ExportedProgram:
     new = clone_program(ep)

@@ -31,6 +31,9 @@ from edgetorch.exir.verifier import _IGNORED_TARGETS, verify_edge_program
 from edgetorch.formats import program as pf
 from edgetorch.formats.handles import HandleGroup, debug_handle_map_of, delegate_map_of
 
+__all__ = ["ProgramsArg", "StageHistory", "EdgeProgramManager", "to_edge", "own_buffers",
+           "to_edge_transform_and_lower", "ExecutorchProgramManager", "format_program"]
+
 log = logging.getLogger(__name__)
 
 ProgramsArg = ExportedProgram | dict[str, ExportedProgram]

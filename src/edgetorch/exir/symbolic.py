@@ -19,6 +19,8 @@ from edgetorch.formats import program as pf
 from edgetorch.formats import symexpr
 from edgetorch.formats.dtypes import storage_nbytes
 
+__all__ = ["SymbolTable", "symbol_table", "is_dynamic_tensor", "sym_tensor_def"]
+
 _MAX_BOUND = 1 << 40  # a "max" this large is no bound at all for planning
 
 

@@ -15,6 +15,8 @@ from torch.export import ExportedProgram
 from edgetorch.errors import UnsupportedOpError
 from edgetorch.exir.debug_handles import source_location
 
+__all__ = ["verify_edge_program"]
+
 _IGNORED_TARGETS = {
     torch.ops.aten._assert_tensor_metadata.default,
     torch.ops.aten._assert_scalar.default,

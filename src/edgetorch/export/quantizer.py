@@ -58,7 +58,8 @@ from edgetorch.exir.quant_annotations import (
 
 __all__ = ["ANNOTATED_OPS", "FUSED_ACTIVATION_OPS", "WEIGHTED_OPS", "SymmetricQuantizationConfig",
            "SymmetricInt8Quantizer", "capture_float_program", "convert_calibrated", "correct_biases", "float_handle",
-           "float_handles_as_debug_handles", "get_symmetric_quantization_config", "module_paths"]
+           "float_handles_as_debug_handles", "get_symmetric_quantization_config", "module_paths",
+           "resolve_op"]
 
 _ANNOTATION_KEY = "quantization_annotation"  # the node.meta key prepare_pt2e reads
 _EPS = 2.0 ** -12

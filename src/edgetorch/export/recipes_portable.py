@@ -17,7 +17,7 @@ from edgetorch.export.recipe import (
 )
 from edgetorch.export.recipes_torchao import TORCHAO_OPTIONS, TORCHAO_RECIPES, torchao_quantization_recipe
 
-__all__ = ["PortableRecipeProvider", "PortableRecipeType"]
+__all__ = ["PortableRecipeProvider", "PortableRecipeType", "int8_quantization_recipe"]
 
 log = logging.getLogger(__name__)
 

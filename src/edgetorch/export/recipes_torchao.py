@@ -28,7 +28,8 @@ import torch
 from edgetorch.errors import RecipeError
 from edgetorch.export.recipe import AOQuantizationConfig, QuantizationRecipe
 
-__all__ = ["OUTPUT_MODULE_NAMES", "TORCHAO_OPTIONS", "TORCHAO_RECIPES", "torchao_quantization_recipe"]
+__all__ = ["OUTPUT_MODULE_NAMES", "TORCHAO_OPTIONS", "TORCHAO_RECIPES", "pop_torchao_options",
+           "torchao_quantization_recipe"]
 
 #: recipe-name suffix -> (weight bits, dynamic int8 activations, grouped weights)
 TORCHAO_RECIPES: dict[str, tuple[int, bool, bool]] = {

@@ -3,3 +3,5 @@
 Schemas live in ``formats/schema/*.fbs``; the Python code in ``formats/_generated`` is produced from them
 by ``flatc --python --gen-onefile`` (see ``docs/formats.md`` for the command).
 """
+
+__all__: list[str] = []

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+__all__ = ["ALIGNMENT", "align", "padding", "debug_bytes"]
+
 #: bytes; the alignment of every offset in every edgetorch format
 ALIGNMENT = 64
 

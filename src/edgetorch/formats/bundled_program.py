@@ -30,6 +30,12 @@ from edgetorch.errors import FormatError
 from edgetorch.formats._generated import bundled_program_generated as fb
 from edgetorch.formats.alignment import ALIGNMENT, align
 
+__all__ = ["MAGIC", "FB_IDENTIFIER", "HEADER_VERSION", "BUNDLE_SCHEMA_VERSION", "HEADER", "HEADER_SIZE", "PTE_MAGIC",
+           "ITEMSIZE", "BundledProgramFormatError", "TensorData", "Value", "TestCaseDef", "TestSuiteDef", "BundleDef",
+           "BundleHeader", "encode_flatbuffer", "build_file_parts", "serialize_bundle", "write_bundle",
+           "is_bundled_program", "read_header", "embedded_program", "read_bundle", "tensor_to_torch",
+           "tensor_from_torch"]
+
 MAGIC = b"EDGTBNDL"
 FB_IDENTIFIER = b"EDBP"
 HEADER_VERSION = 1

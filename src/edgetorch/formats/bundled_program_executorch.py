@@ -27,6 +27,9 @@ from edgetorch.formats.bundled_program import (
 from edgetorch.formats.dtypes import CODE_TO_DTYPE
 from edgetorch.formats.errors import ProgramFormatError
 
+__all__ = ["FB_IDENTIFIER", "SCHEMA_VERSIONS", "PTE_IDENTIFIER", "is_executorch_bundle", "read_executorch_bundle",
+           "tensor_value"]
+
 FB_IDENTIFIER = b"BP08"
 SCHEMA_VERSIONS = (2,)  #: BUNDLED_PROGRAM_SCHEMA_VERSION of the reference
 PTE_IDENTIFIER = b"ET12"

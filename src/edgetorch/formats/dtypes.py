@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["DTYPE_TO_CODE", "CODE_TO_DTYPE", "PLAIN_CODE_TO_DTYPE", "MEMORY_FORMATS", "CODE_TO_MEMORY_FORMAT",
+           "LAYOUTS", "CODE_TO_LAYOUT", "dtype_code", "code_dtype", "storage_nbytes", "contiguous_strides"]
+
 DTYPE_TO_CODE: dict[torch.dtype, int] = {
     torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
     torch.float32: 6, torch.float64: 7, torch.complex32: 8, torch.complex64: 9, torch.complex128: 10,

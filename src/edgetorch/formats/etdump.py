@@ -23,6 +23,13 @@ from edgetorch.formats._generated import etdump_generated as fb
 from edgetorch.formats.alignment import ALIGNMENT
 from edgetorch.formats.dtypes import CODE_TO_DTYPE, code_dtype
 
+__all__ = ["FB_IDENTIFIER", "ETDUMP_SCHEMA_VERSION", "DEBUG_BUFFER_ALIGNMENT", "NO_OFFSET", "METHOD_EXECUTE",
+           "PROGRAM_LOAD_METHOD", "METHOD_INIT", "DELEGATE_CALL", "LOAD_BLOCK", "EXECUTE_BLOCK", "OBSERVER_EFFECT_ID",
+           "OBSERVER_EFFECT_TOLERANCE", "INPUT_EVENT_PREFIX", "INPUT_INSTRUCTION_ID", "is_input_event",
+           "OPERATOR_CALL", "ValueType", "Tensor", "Value", "ProfileEvent", "DebugEvent", "Event", "RunData", "ETDump",
+           "TRAILER_MAGIC", "TRAILER_VERSION", "TRAILER_SIZE", "DebugBufferTrailer", "new_run_id", "encode_trailer",
+           "read_trailer", "sealed_chunks", "seal_in_place", "serialize_etdump", "check_header", "deserialize_etdump"]
+
 FB_IDENTIFIER = b"EDD1"
 ETDUMP_SCHEMA_VERSION = 1
 DEBUG_BUFFER_ALIGNMENT = ALIGNMENT  # every tensor in a debug buffer starts at a multiple of this

@@ -31,6 +31,9 @@ from edgetorch.formats._fbread import Table
 from edgetorch.formats.dtypes import CODE_TO_DTYPE
 from edgetorch.formats.errors import ProgramFormatError
 
+__all__ = ["FB_IDENTIFIER", "SCHEMA_VERSION", "PRODUCER", "OPERATOR_CALL", "is_executorch_etdump",
+           "deserialize_executorch_etdump", "read_any_etdump", "trim_delegate_call_inputs"]
+
 FB_IDENTIFIER = b"ED00"
 SCHEMA_VERSION = 0  #: ETDUMP_VERSION of the reference's runtime
 PRODUCER = "executorch"  #: ``ETDump.producer`` of a dump this module read

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["KERNEL", "DELEGATE_CALL", "IN_DELEGATE", "KINDS", "OutputSource", "HandleGroup", "parse_handle",
+           "groups_from_tables", "debug_handle_map_of", "delegate_map_of"]
+
 KERNEL = "kernel"  #: one kernel instruction: its op's handle
 DELEGATE_CALL = "delegate_call"  #: a delegate call instruction: every handle its partition computes
 IN_DELEGATE = "in_delegate"  #: one op (backend debug id) inside a delegate call: the handles it computes

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 
+__all__ = ["allowed_operators", "ZERO_FILLED_ALLOCATIONS", "is_allowed"]
+
 _LIST = """
 aten::__and__ Scalar Tensor bool int | aten::__contains__ Tensor bool complex float float_list int int_list
 aten::__getitem__ Dict_Tensor Dict_bool Dict_complex Dict_float Dict_int t | aten::__iand__ Scalar Tensor

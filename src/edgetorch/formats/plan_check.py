@@ -24,6 +24,8 @@ from edgetorch.errors import ProgramFormatError
 from edgetorch.formats import program as pf
 from edgetorch.formats._program_checks import _overlaps
 
+__all__ = ["tensor_ids", "elements_overlap", "live_ranges", "find_overlap", "check_io", "check_plan"]
+
 _SCALAR_INPUTS = (bool, int, float, str, type(None), pf.SymIntV)
 
 

@@ -22,6 +22,9 @@ from typing import Any
 from edgetorch.formats._fbread import Table
 from edgetorch.formats.errors import ProgramFormatError
 
+__all__ = ["IDENTIFIER", "KINDS", "MAX_INSTRUCTIONS", "Instruction", "ReferenceProgram", "is_executorch_program",
+           "read_executorch_program"]
+
 IDENTIFIER = b"ET12"
 KINDS = {1: "kernel", 2: "delegate", 3: "move", 4: "jump_false", 5: "free"}
 MAX_INSTRUCTIONS = 1 << 22

@@ -19,6 +19,9 @@ from typing import Any
 
 from edgetorch.formats.errors import ProgramFormatError
 
+__all__ = ["Expr", "Env", "Compiled", "MAX_DEPTH", "MAX_LITERAL", "check_expr", "compile_expr", "parse_expr",
+           "parse_expr_list", "parse_sym_shape", "dumps", "evaluate"]
+
 Expr = Any  # int | list
 Env = Sequence[int]
 Compiled = Callable[[Env], int]

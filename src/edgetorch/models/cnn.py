@@ -7,6 +7,9 @@ from torch import nn
 
 from ._common import make_generator, randomize_batchnorm, seeded
 
+__all__ = ["SMALL_CNN_SEED", "SMALL_CNN_BN_SEED", "SMALL_CNN_INPUT_SEED", "SmallCNN", "build_small_cnn",
+           "small_cnn_example_inputs"]
+
 SMALL_CNN_SEED = 1101
 SMALL_CNN_BN_SEED = 1102
 SMALL_CNN_INPUT_SEED = 2101

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+__all__ = ["LogitsFn", "GenerationResult", "as_logits", "greedy_generate_with_logits", "greedy_generate",
+           "decode_only_generate", "unlifted_methods"]
+
 LogitsFn = Callable[[torch.Tensor, torch.Tensor], object]
 
 

@@ -28,6 +28,10 @@ from torch import nn
 
 from ._common import seeded
 
+__all__ = ["HF_SEED", "HF_MAX_CACHE_LEN", "HF_EXAMPLE_PROMPT_LEN", "HF_PREFILL_MIN_LEN", "TINY_DECODER_KWARGS",
+           "build_hf_llama", "build_hf_qwen2", "wrap_static_cache", "build_hf_llama_static", "build_hf_qwen2_static",
+           "hf_method_inputs", "hf_dynamic_shapes", "export_hf_lm", "hf_reference_greedy"]
+
 HF_SEED = 1901
 HF_MAX_CACHE_LEN = 64
 HF_EXAMPLE_PROMPT_LEN = 8

@@ -34,6 +34,12 @@ from torch import nn
 
 from ._common import make_generator
 
+__all__ = ["LLAMA_SEED", "LLAMA_INPUT_SEED", "EXAMPLE_PROMPT_LEN", "PREFILL_MIN_LEN", "LlamaConfig", "LLAMA_TINY",
+           "LLAMA_100M", "LLAMA_1B", "LLAMA_CONFIGS", "RMSNorm", "rope_tables", "rotate_half", "apply_rope",
+           "Attention", "FeedForward", "TransformerBlock", "Llama", "init_llama_weights", "build_llama",
+           "build_llama_tiny", "build_llama_100m", "build_llama_1b", "example_prompt", "llama_example_inputs",
+           "llama_method_inputs", "llama_dynamic_shapes", "export_llama", "param_count"]
+
 LLAMA_SEED = 1801
 LLAMA_INPUT_SEED = 2801
 EXAMPLE_PROMPT_LEN = 8

@@ -7,6 +7,8 @@ from torch import nn
 
 from ._common import make_generator, seeded
 
+__all__ = ["MLP_SEED", "MLP_INPUT_SEED", "MLP", "build_mlp", "mlp_example_inputs"]
+
 MLP_SEED = 1001
 MLP_INPUT_SEED = 2001
 

@@ -7,6 +7,9 @@ from torch import nn
 
 from ._common import init_conv_fan_in, make_generator, randomize_batchnorm, seeded
 
+__all__ = ["MOBILENET_V2_SEED", "MOBILENET_V2_BN_SEED", "MOBILENET_V2_INPUT_SEED", "INVERTED_RESIDUAL_SETTING",
+           "ConvBNReLU6", "InvertedResidual", "MobileNetV2", "build_mobilenet_v2", "mobilenet_v2_example_inputs"]
+
 MOBILENET_V2_SEED = 1301
 MOBILENET_V2_BN_SEED = 1302
 MOBILENET_V2_INPUT_SEED = 2301

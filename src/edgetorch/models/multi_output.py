@@ -12,6 +12,9 @@ from torch import nn
 
 from ._common import make_generator, seeded
 
+__all__ = ["MULTI_OUTPUT_SEED", "MULTI_OUTPUT_INPUT_SEED", "MultiOutput", "build_multi_output",
+           "multi_output_example_inputs"]
+
 MULTI_OUTPUT_SEED = 1601
 MULTI_OUTPUT_INPUT_SEED = 2601
 

@@ -7,6 +7,9 @@ from torch import nn
 
 from ._common import init_conv_fan_in, make_generator, randomize_batchnorm, seeded
 
+__all__ = ["RESNET18_SEED", "RESNET18_BN_SEED", "RESNET18_INPUT_SEED", "conv3x3", "conv1x1", "BasicBlock", "ResNet",
+           "build_resnet18", "resnet18_example_inputs"]
+
 RESNET18_SEED = 1201
 RESNET18_BN_SEED = 1202
 RESNET18_INPUT_SEED = 2201

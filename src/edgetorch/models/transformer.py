@@ -8,6 +8,9 @@ from torch import nn
 
 from ._common import make_generator, seeded
 
+__all__ = ["TRANSFORMER_SEED", "TRANSFORMER_INPUT_SEED", "SelfAttention", "EncoderLayer", "TransformerEncoder",
+           "build_transformer_encoder", "transformer_encoder_example_inputs"]
+
 TRANSFORMER_SEED = 1401
 TRANSFORMER_INPUT_SEED = 2401
 

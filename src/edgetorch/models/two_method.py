@@ -10,6 +10,8 @@ from torch import nn
 
 from ._common import make_generator, seeded
 
+__all__ = ["TWO_METHOD_SEED", "TWO_METHOD_INPUT_SEED", "TwoMethod", "build_two_method", "two_method_example_inputs"]
+
 TWO_METHOD_SEED = 1701
 TWO_METHOD_INPUT_SEED = 2701
 

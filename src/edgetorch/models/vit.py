@@ -10,6 +10,10 @@ from torch import nn
 
 from ._common import make_generator, seeded
 
+__all__ = ["VIT_B_16_SEED", "VIT_TINY_SEED", "VIT_B_16_INPUT_SEED", "VIT_TINY_INPUT_SEED", "MLPBlock", "Attention",
+           "EncoderBlock", "Encoder", "VisionTransformer", "build_vit_b_16", "vit_b_16_example_inputs",
+           "build_vit_tiny", "vit_tiny_example_inputs"]
+
 VIT_B_16_SEED = 1501
 VIT_TINY_SEED = 1511
 VIT_B_16_INPUT_SEED = 2501

@@ -14,6 +14,8 @@ import torch
 
 from edgetorch.errors import EdgeTorchError
 
+__all__ = ["BackendRuntime", "observe_delegate", "BackendNotFoundError", "register_backend", "get_backend"]
+
 
 class BackendRuntime(Protocol):
     """The runtime side of a delegate backend: what a ``DELEGATE_CALL`` instruction runs (the backend contract,

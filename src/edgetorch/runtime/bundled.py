@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["unwrap_bundled"]
+
 
 def unwrap_bundled(buffer: Any, path: str | None) -> Any:
     """Returns ``buffer`` itself for a .pte, or a view of the embedded .pte for a .bpte."""

@@ -21,6 +21,9 @@ from edgetorch._fileio import atomic_write
 from edgetorch.errors import DebugBufferConfigError, DebugBufferOverflowError, EdgeTorchError
 from edgetorch.formats.alignment import ALIGNMENT, align, padding
 
+__all__ = ["MAX_DEBUG_BUFFER_BYTES", "DebugSink", "BufferSink", "is_sink_file", "FileSink", "Writer", "InlineWriter",
+           "make_sink"]
+
 _ZEROS = memoryview(bytes(ALIGNMENT))
 _memmove = ctypes.memmove  # releases the GIL while it copies
 MAX_DEBUG_BUFFER_BYTES = 1 << 40  # a fixed buffer beyond 1 TiB is a mistake, not a plan

@@ -18,6 +18,8 @@ from edgetorch.errors import ProgramFormatError, artifact_io_error
 from edgetorch.formats import plan_check
 from edgetorch.formats import program as pf
 
+__all__ = ["LoadedFile", "read_data", "body_digest", "verify_hash", "parse"]
+
 
 @dataclass
 class LoadedFile:

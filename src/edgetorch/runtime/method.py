@@ -55,6 +55,8 @@ from edgetorch.runtime.backend_registry import get_backend, observe_delegate
 from edgetorch.runtime.observer import MethodObserver
 from edgetorch.runtime.ops import direct_functional, direct_kernel
 
+__all__ = ["TensorInfo", "ValueInfo", "MethodMeta", "InstructionInfo", "Method"]
+
 _STATIC_CHECKED = (pf.PLACEMENT_PLANNED, pf.PLACEMENT_CONSTANT, pf.PLACEMENT_MUTABLE)
 
 

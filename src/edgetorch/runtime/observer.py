@@ -26,6 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+__all__ = ["MethodObserver", "DelegateEvents"]
+
 
 @runtime_checkable
 class MethodObserver(Protocol):

@@ -16,6 +16,9 @@ from edgetorch.errors import OperatorNotAllowedError, ProgramFormatError
 from edgetorch.formats import program as pf
 from edgetorch.formats.operators import is_allowed
 
+__all__ = ["operator_key", "register_operator", "unregister_operator", "is_operator_allowed", "resolve_operator",
+           "check_call_kind", "direct_kernel", "direct_functional"]
+
 #: Operator namespaces registered by a Python module rather than by torch's C++ core. The module is imported
 #: the first time an operator of that namespace is not found, so a process that only runs programs (and never
 #: imported the quantization tool-chain) can still execute PT2E Q/DQ ops. Only allowed names are looked up.

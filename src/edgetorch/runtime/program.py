@@ -22,6 +22,8 @@ from edgetorch.formats.dtypes import code_dtype
 from edgetorch.runtime.loader import LoadedFile, parse, read_data
 from edgetorch.runtime.method import Method
 
+__all__ = ["Verification", "Program", "Runtime"]
+
 log = logging.getLogger(__name__)
 
 

@@ -45,7 +45,8 @@ from edgetorch.export.recipe import RecipeType
 
 __all__ = ["FallbackReport", "QuantizedRun", "annotated_layer_nodes", "coarsen_weight", "cosine_to_float",
            "fp32_recipe_of", "inspect_quantized", "layer_nodes", "quantize_pt2e_program", "rank_layers",
-           "run_latency_ms", "selective_fallback", "Block", "simulate_blocks"]
+           "run_latency_ms", "selective_fallback", "Block", "simulate_blocks",
+           "record_debug_runs"]
 
 _BATCH_NORMS = {torch.ops.aten.batch_norm.default, torch.ops.aten._native_batch_norm_legit_no_training.default}
 _BLOCK_OPS = WEIGHTED_OPS | {torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor}

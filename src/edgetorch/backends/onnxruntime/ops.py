@@ -15,6 +15,9 @@ import torch
 
 from edgetorch.runtime import lowbit as _lowbit  # noqa: F401 - defines the edgetorch:: low-bit ops
 
+__all__ = ["TENSOR_DTYPES", "FLOAT_OPS", "ANY_DTYPE_OPS", "REWRITTEN", "SYM_OPS", "NON_COMPUTE_OPS", "KEEP_WHOLE",
+           "quantize_ops", "LOWBIT_OPS", "supported_ops", "op_name", "resolve_op"]
+
 aten = torch.ops.aten
 
 #: dtypes of tensors that may cross or live inside a partition

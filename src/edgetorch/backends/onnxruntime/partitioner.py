@@ -41,6 +41,8 @@ from edgetorch.exir.backend.partitioner import (
 )
 from edgetorch.exir.quant_annotations import module_paths
 
+__all__ = ["Rejection", "localize_sizes", "OrtPartitioner"]
+
 log = logging.getLogger(__name__)
 
 _LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_ALL")

@@ -38,6 +38,10 @@ from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.formats import alignment
 
+__all__ = ["BACKEND_ID", "EXTERNAL_MIN_BYTES", "COMPILE_SPEC_DEFAULTS", "compile_spec_dict", "onnx_registry",
+           "export_problem", "export_to_onnx", "dim_spec", "symbol_bounds", "build_debug_tables", "lower_partition",
+           "OrtBackend"]
+
 log = logging.getLogger(__name__)
 
 BACKEND_ID = "onnxruntime"

@@ -70,6 +70,9 @@ from edgetorch.formats import etdump as ed
 from edgetorch.runtime._copy import copy_into
 from edgetorch.runtime.backend_registry import register_backend
 
+__all__ = ["NAME", "OBSERVER_EFFECT_ID", "OBSERVER_EFFECT_TOLERANCE", "set_runtime_options", "OpEvent", "OrtDelegate",
+           "OrtRuntime"]
+
 NAME = "onnxruntime"
 #: the reserved delegate debug id of the observer-effect event, and the relative difference above which a debug
 #: run's exposed outputs count as changed by the observation (both defined by the ETDump format)

@@ -12,6 +12,8 @@ from edgetorch.devtools.bundled_program.config import MethodTestCase, MethodTest
 from edgetorch.formats import bundled_program_executorch as xbp
 from edgetorch.formats.bundled_program import TensorData
 
+__all__ = ["ExecutorchBundledProgram", "read_executorch_bundled_program"]
+
 
 @dataclass
 class ExecutorchBundledProgram:

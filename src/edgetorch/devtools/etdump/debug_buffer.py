@@ -21,6 +21,8 @@ from edgetorch.formats import etdump as ed
 from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, contiguous_strides
 from edgetorch.formats.etdump_executorch import read_any_etdump
 
+__all__ = ["read_etdump", "DebugBuffer"]
+
 
 def read_etdump(path: str | os.PathLike) -> ed.ETDump:
     """Reads and decodes an .etdp file (``ETDumpFormatError`` if it is malformed)."""

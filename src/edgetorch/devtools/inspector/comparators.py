@@ -20,6 +20,10 @@ from typing import Any
 
 import torch
 
+__all__ = ["NumericalComparatorBase", "EXACT_METRIC", "is_exact_dtype", "mismatch_count", "MSEComparator",
+           "L1Comparator", "MaxAbsComparator", "SNRComparator", "CosineComparator", "LARGER_IS_WORSE",
+           "register_comparator", "metric_names", "larger_is_worse", "get_comparator"]
+
 
 class NumericalComparatorBase(ABC):
     """Subclass and implement ``element_compare``; optionally ``preprocessing`` (e.g. dequantize, relayout).

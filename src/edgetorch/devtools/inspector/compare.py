@@ -13,6 +13,8 @@ import torch
 from edgetorch.devtools.inspector.comparators import CosineComparator, MSEComparator, SNRComparator
 from edgetorch.errors import InspectorError
 
+__all__ = ["METRICS", "compare_results"]
+
 METRICS = {"snr": SNRComparator, "mse": MSEComparator, "cosine_similarity": CosineComparator}
 
 

@@ -37,6 +37,9 @@ from edgetorch.devtools.inspector.comparators import EXACT_METRIC, larger_is_wor
 from edgetorch.errors import InspectorError
 from edgetorch.formats.handles import DELEGATE_CALL
 
+__all__ = ["NEEDED", "is_real", "accumulated_ranks", "find_culprits", "FLOAT_NEEDED", "is_float_table",
+           "float_culprits"]
+
 #: columns the culprit search needs (``calculate_numeric_gap`` writes them)
 NEEDED = ("gap", "local_gap", "metric", "local_rel_error", "noise_floor", "runtime_ops", "instruction_id",
           "in_delegate_call", "ref_handle")

@@ -18,6 +18,9 @@ import pandas as pd
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.handles import HandleGroup
 
+__all__ = ["FRAMEWORK_EVENTS", "TimeScale", "scale_factor", "PerfData", "Event", "EventBlock", "ObserverEffect",
+           "observer_effects", "TimeConverter", "gen_event_blocks"]
+
 FRAMEWORK_EVENTS = {ed.METHOD_EXECUTE, ed.PROGRAM_LOAD_METHOD, ed.METHOD_INIT}
 _NO_VALUES = FRAMEWORK_EVENTS | {ed.OPERATOR_CALL}  # the reference's OPERATOR_CALL times a kernel's instruction
 

@@ -416,4 +416,4 @@ def first_divergence_across_executions(replay: GenerationReplay, threshold: floa
 
 
 __all__ = ["Divergence", "Execution", "ExecutionRecord", "GenerationReplay", "InspectorView", "execution_records",
-           "first_divergence_across_executions", "generation_gaps"]
+           "first_divergence_across_executions", "generation_gaps", "logged_state"]

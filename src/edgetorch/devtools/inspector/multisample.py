@@ -35,6 +35,8 @@ from edgetorch.devtools.inspector.culprits import find_culprits
 from edgetorch.devtools.inspector.noise import verdict
 from edgetorch.errors import InspectorError
 
+__all__ = ["STATS", "samples_of", "numeric_gap_over_samples"]
+
 STATS = ("gap", "local_gap", "rel_error", "local_rel_error")
 _KEEP = ("aot_debug_handle", "aot_ops", "runtime_ops", "kind", "runtime_debug_handle", "metric", "dtype", "source",
          "module", "instruction_id", "delegate", "in_delegate_call", "shape", "ref_handle", "noise_floor",

@@ -37,6 +37,9 @@ from typing import Any
 import torch
 import torch.fx
 
+__all__ = ["C_ELEMENT", "C_REDUCE", "C_TRANSCENDENTAL", "DELEGATE_FACTOR", "VERDICTS", "unit_roundoff", "rel_error",
+           "op_noise", "floor_from_units", "verdict", "noise_model_attrs"]
+
 #: per rounding of an element-wise result (the op's own output rounding, both sides)
 C_ELEMENT = 2.0
 #: per sqrt(K) of a K-term reduction (random-walk accumulation, both sides, with margin)

@@ -64,6 +64,9 @@ from edgetorch.errors import ETRecordFormatError, InspectorError
 from edgetorch.exir.debug_handles import nodes_by_handle, source_location
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, KINDS, HandleGroup, OutputSource
 
+__all__ = ["RuntimeEntry", "runtime_entries", "Coverage", "reference_handles", "compare_values", "SCALE_COLUMNS",
+           "compute_numeric_gap"]
+
 log = logging.getLogger(__name__)
 
 

@@ -20,6 +20,8 @@ from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import trim_delegate_call_inputs
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup
 
+__all__ = ["assign_methods", "fit_reference_etdump", "gap_groups"]
+
 log = logging.getLogger(__name__)
 _KERNEL_PREFIX = "native_call_"
 #: (edge op as read, the reference's kernel running it): its dim-order ops are read as these ATen ops

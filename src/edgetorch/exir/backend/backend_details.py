@@ -11,6 +11,8 @@ from torch.export import ExportedProgram
 from edgetorch.errors import ExportError
 from edgetorch.exir.backend.partitioner import CompileSpec
 
+__all__ = ["PreprocessResult", "BackendDetails", "register_backend_details", "get_backend_details"]
+
 
 @dataclass
 class PreprocessResult:

@@ -10,6 +10,8 @@ import torch
 
 from edgetorch.exir.backend.lowered import CALL_DELEGATE, lookup
 
+__all__ = ["DelegationInfo", "get_delegation_info"]
+
 _SKIP = {operator.getitem}
 
 

@@ -17,6 +17,8 @@ from torch.export import ExportedProgram
 
 from edgetorch.exir.debug_handles import nodes_by_handle
 
+__all__ = ["LoweredBackendModule", "lookup", "CALL_DELEGATE"]
+
 _REGISTRY: weakref.WeakValueDictionary[str, LoweredBackendModule] = weakref.WeakValueDictionary()
 _COUNTER = itertools.count()
 _LOCK = threading.Lock()

@@ -25,6 +25,8 @@ from edgetorch.exir.backend.partitioner import DELEGATION_TAG, Partitioner
 from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import get_debug_handle, set_debug_handle, source_location
 
+__all__ = ["to_backend_program"]
+
 log = logging.getLogger(__name__)
 
 _META_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")

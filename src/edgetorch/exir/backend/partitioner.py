@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.export import ExportedProgram
 
+__all__ = ["DELEGATION_TAG", "CompileSpec", "DelegationSpec", "PartitionResult", "Partitioner"]
+
 #: node.meta key holding the partition tag a partitioner chose for the node
 DELEGATION_TAG = "delegation_tag"
 
