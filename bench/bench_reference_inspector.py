@@ -1,10 +1,11 @@
 """edgetorch's Inspector against the reference's on the same reference (ExecuTorch) artifacts (issue 26).
 
-Usage: python bench/bench_reference_inspector.py --dir /tmp/vitb [--prefix v] [--runs 3]
+Usage: python bench/bench_reference_inspector.py --dir /tmp/vitb16 [--prefix v] [--runs 3] [--threads 1,0]
        [--reference-python /tmp/refvenv/bin/python] [--no-local] [--edgetorch-src OTHER/src]
 
-``DIR`` holds ``PREFIX.etdp``, ``PREFIX_etrecord.bin`` and ``PREFIX_debug.bin`` made by executorch (e.g. an XNNPACK
-ViT as ``tests/data/reference/make_reference_artifacts.py`` makes them: ``to_edge_transform_and_lower(...,
+``DIR`` holds ``PREFIX.etdp``, ``PREFIX_etrecord.bin`` and ``PREFIX_debug.bin`` made by executorch (the XNNPACK
+ViT-B/16 of ``/tmp/refvenv/bin/python tests/data/reference/make_reference_artifacts.py /tmp/vitb16 vitb16``, with a
+1 GiB debug buffer; or any program made the same way: ``to_edge_transform_and_lower(...,
 generate_etrecord=True)``, ``update_representative_inputs``, a run with ``enable_etdump=True`` and a debug buffer).
 Every measurement runs in a fresh child process (edgetorch with this interpreter, the reference with
 ``--reference-python``, an environment with executorch 1.5.1), alternating edgetorch / reference, and times
@@ -65,7 +66,7 @@ def _child(python: str, which: str, args: argparse.Namespace, src: str | None, t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", default="/tmp/vitb")
+    ap.add_argument("--dir", default="/tmp/vitb16")
     ap.add_argument("--prefix", default="v")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--reference-python", default="/tmp/refvenv/bin/python")

@@ -368,6 +368,60 @@ def make_multimethod(out: str) -> None:
         json.dump({"head_input": y.tolist(), "outputs": outs}, f)
 
 
+class ViTB16(nn.Module):
+    """ViT-B/16 (12 blocks, width 768, 12 heads, 224x224 inputs, 1000 classes), for the Inspector benchmark
+    (``bench/bench_reference_inspector.py``); never committed (a 346 MB program, a 696 MB ETRecord)."""
+
+    def __init__(self, d: int = 768, depth: int = 12, heads: int = 12) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 16, 16)
+        self.pos = nn.Parameter(torch.randn(1, 196, d) * 0.02)
+        self.blocks = nn.Sequential(*[_Block(d, heads) for _ in range(depth)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        return self.head(self.ln(self.blocks(x)).mean(1))
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, n, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-2, -1) * (d // self.h) ** -0.5, dim=-1)
+        x = x + self.proj((a @ v).transpose(1, 2).reshape(b, n, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+def make_vitb16(out: str) -> None:
+    """``v.pte``, ``v_etrecord.bin``, ``v.etdp`` and ``v_debug.bin`` (a 1 GiB debug buffer) of an XNNPACK ViT-B/16
+    in ``out``: the artifacts ``bench/bench_reference_inspector.py --dir OUT`` times (about 3 minutes and
+    3.2 GB of memory)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    m, x = ViTB16().eval(), torch.randn(1, 3, 224, 224)
+    et = to_edge_transform_and_lower(torch.export.export(m, (x,)), partitioner=[XnnpackPartitioner()],
+                                     generate_etrecord=True).to_executorch()
+    with open(os.path.join(out, "v.pte"), "wb") as f:
+        f.write(et.buffer)
+    rec = et.get_etrecord()
+    rec.update_representative_inputs([(x,)])
+    rec.save(os.path.join(out, "v_etrecord.bin"))
+    program = Runtime.get().load_program(os.path.join(out, "v.pte"), enable_etdump=True, debug_buffer_size=1 << 30)
+    program.load_method("forward").execute([x])
+    program.write_etdump_result_to_file(os.path.join(out, "v.etdp"), os.path.join(out, "v_debug.bin"))
+
+
 def make_llama_tokens(out: str) -> None:
     """``llama_<backend>_tokens``: the llama's program (portable and XNNPACK) run once per token of
     ``LLAMA_TOKENS`` (positions 0, 1, ...: each call reads the caches the previous ones wrote) by one loaded
@@ -491,6 +545,9 @@ def main() -> None:
             continue
         if model_name == "multirun":
             make_multirun(out)
+            continue
+        if model_name == "vitb16":  # the benchmark's artifacts (large: never part of the default list)
+            make_vitb16(out)
             continue
         if model_name == "llama_tokens":
             make_llama_tokens(out)
