@@ -43,6 +43,12 @@ def _print_kind(rep: structured.Report, cpu: float) -> None:
         print(f"    FAIL {json.dumps(f)[:600]}", flush=True)
 
 
+def _write(path: str, results: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kinds", default=",".join(structured.KINDS), help="comma-separated kinds")
@@ -72,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             r = structured.run_batch(folder, kind, args.seed, a, b, nice=args.nice)
             rep.results += r.results
             rep.seconds += r.seconds
+            if args.json:  # after every batch: a campaign stopped early keeps what it ran
+                _write(args.json, {**everything, kind: rep.results})
         cpu1 = os.times()
         _print_kind(rep, (cpu1.children_user + cpu1.children_system) - (cpu0.children_user + cpu0.children_system))
         failures += len(rep.failures)
         everything[kind] = rep.results
         if args.json:
-            with open(args.json + ".tmp", "w") as f:
-                json.dump(everything, f)
-            os.replace(args.json + ".tmp", args.json)
+            _write(args.json, everything)
     print(f"{failures} failure(s); {time.strftime('%H:%M:%S')}")
     return 1 if failures else 0
 
