@@ -55,3 +55,32 @@ def test_hostile_programs_raise_typed_errors() -> None:
         except ProgramFormatError:
             typed += 1
     assert typed > 0
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_inspector_with_the_pte_alone(name: str) -> None:
+    """Without the ETRecord, ``etrecord=<the .pte>`` still gives the event blocks: the same events, names and
+    delegate backends as with the reference's ETRecord, each kernel event's ``op_types`` naming the operator
+    its instruction calls; the numeric gap asks for what it lacks (a typed error)."""
+    from edgetorch.devtools import Inspector
+    from edgetorch.errors import InspectorError
+    from tests.devtools._reference_data import debug_buffer
+
+    kw = {"etdump_path": str(DATA / f"{name}.etdp"), "debug_buffer_path": str(debug_buffer(name))}
+    alone = Inspector(etrecord=str(DATA / f"{name}.pte"), **kw)
+    full = Inspector(etrecord=str(DATA / f"{name}_etrecord.bin"), **kw)
+    kernels = 0
+    for b, fb in zip(alone.event_blocks, full.event_blocks, strict=True):
+        assert [(e.name, e.delegate_backend_name, e.is_delegated_op) for e in b.events] == \
+            [(e.name, e.delegate_backend_name, e.is_delegated_op) for e in fb.events]
+        for e in b.events:
+            if e.name.startswith("native_call_"):
+                op = e.name.removeprefix("native_call_").split(".")[0]
+                assert e.op_types == [f"aten::{op}"], (e.name, e.op_types)
+                kernels += 1
+            if e.name == "DELEGATE_CALL":
+                assert e.delegate_backend_name == "XnnpackBackend" and e.op_types
+    assert kernels or "xnnpack" in name
+    assert len(alone.to_dataframe()) == len(full.to_dataframe())
+    with pytest.raises(InspectorError):
+        alone.calculate_numeric_gap("MSE")

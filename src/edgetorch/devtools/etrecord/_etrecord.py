@@ -13,7 +13,7 @@ from torch.export import ExportedProgram
 
 from edgetorch._fileio import atomic_write
 from edgetorch.devtools.etrecord import _archive as ar
-from edgetorch.devtools.etrecord import _executorch
+from edgetorch.devtools.etrecord import _executorch, _executorch_pte
 from edgetorch.devtools.etrecord._archive_read import ArchiveSource, read_archive
 from edgetorch.devtools.etrecord._handle_tables import groups_from_legacy
 from edgetorch.devtools.etrecord._reference import NodeInfo, handles_from_program, reference_from_program
@@ -529,8 +529,11 @@ def parse_etrecord(etrecord_path: PathOrFile) -> ETRecord:
     if not isinstance(etrecord_path, (bytes, bytearray, memoryview)) and not hasattr(etrecord_path, "read"):
         path = os.fspath(etrecord_path)
         source = path
-    if _executorch.is_executorch_etrecord(source):  # the reference's ETRecord, detected by content
-        fields, extra, source = _executorch.read_executorch_etrecord(source, path)
+    if _executorch.is_executorch_etrecord(source) or _executorch_pte.is_reference_program(source):
+        # the reference's ETRecord, detected by content, or its .pte alone (instructions joined to ops)
+        read = _executorch.read_executorch_etrecord if _executorch.is_executorch_etrecord(source) else \
+            _executorch_pte.read_reference_program
+        fields, extra, source = read(source, path)
         rec = ETRecord(**fields)
         for k, v in extra.items():
             setattr(rec, k, v)
