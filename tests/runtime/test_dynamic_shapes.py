@@ -132,6 +132,33 @@ def test_a_dynamic_program_output_is_logged_once_at_the_plan_figure(attention, t
             torch.testing.assert_close(buf.value(entry), want, rtol=0, atol=0)
 
 
+def test_the_inspector_reads_a_dynamic_run_whose_outputs_share_their_instructions_bytes(tmp_path):
+    """The Inspector accepts the output events that point at an instruction's bytes and matches every op the
+    run logged, at a length other than the export's, with no gap (the runtime's fp32 kernels vs the reference's)."""
+    import warnings
+
+    from edgetorch.devtools import Inspector
+
+    torch.manual_seed(0)
+    model, x = Attention().eval(), torch.randn(1, 11, 32)
+    seq = torch.export.Dim("seq", min=2, max=24)
+    et = to_edge(torch.export.export(model, (torch.randn(1, 8, 32),), dynamic_shapes=({1: seq},)),
+                 generate_etrecord=True).to_executorch()
+    rec = et.get_etrecord()
+    rec.update_representative_inputs([(x,)])
+    rec.save(tmp_path / "rec.bin")
+    prog = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    prog.load_method("forward").execute(x)
+    prog.write_etdump_result_to_file(tmp_path / "r.etdp", tmp_path / "r.bin")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = Inspector(etdump_path=tmp_path / "r.etdp", etrecord=tmp_path / "rec.bin",
+                       debug_buffer_path=tmp_path / "r.bin").calculate_numeric_gap("MSE")
+    cov = df.attrs["coverage"]
+    assert cov.runtime_matched == cov.runtime_total == len(df) > 0
+    assert max(max(g) if isinstance(g, (list, tuple)) else g for g in df["gap"]) < 1e-10
+
+
 def test_symbolic_sizes_refuse_bad_expressions():
     from edgetorch.errors import ProgramFormatError
     from edgetorch.formats import symexpr
