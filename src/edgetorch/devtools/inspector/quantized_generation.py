@@ -1,0 +1,271 @@
+"""A low-bit (torchao 8da4w / int4 / int8 weight) LLM generation debugged against the float model, token by layer.
+
+The program's quantized layers are its ``edgetorch::linear_q4`` / ``linear_q8`` ops (``export.lowbit``), each
+named by the module path of the Linear it replaced (``layers.1.feed_forward.w2``). For every execution recorded
+in the ETDump (``prefill``, then one ``decode`` per generated token) the float model is run on the same inputs
+the runtime got (teacher forcing: its own float KV cache, fed the runtime's tokens), its Linear outputs captured
+with forward hooks, and each quantized layer's logged runtime output is compared with:
+
+* the float model's output of the same Linear: ``sqnr_db``, the accumulated error (every earlier layer's and
+  every earlier token's quantization);
+* the float Linear applied to the runtime's own input of the layer (the layer's logged input, float weights):
+  ``local_sqnr_db``, the error this layer's quantization adds by itself.
+
+``attrs["tokens"]`` has one row per execution: the runtime's greedy token, the float model's on the same inputs
+and the logits SQNR; ``attrs["first_divergence"]`` is the first execution whose greedy choice differs from the
+float model's (None when none does) and ``attrs["responsible_layer"]`` the layer with the lowest local SQNR in
+that execution (the lowest mean local SQNR over all executions when none diverges); ``attrs["ranking"]`` is
+that mean per layer, worst first (one decode token is a small sample: rank on the mean). ``pivot`` turns the
+long table into token x layer.
+
+Used through ``Inspector.quantized_generation_table(float_model)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from edgetorch.devtools.inspector.numeric_gap import (
+    _module_path,
+    _resolve,
+    _runtime_values,
+    reference_handles,
+    runtime_entries,
+)
+from edgetorch.errors import InspectorError
+
+__all__ = ["COLUMNS", "layer_ranking", "lowbit_layers", "pivot", "quantized_generation_table", "sqnr_db"]
+
+COLUMNS = ["execution", "method", "run", "layer", "sqnr_db", "local_sqnr_db"]
+_LOWBIT_OPS = ("linear_q4", "linear_q8")
+#: ops the runtime may not log (views, layout changes): replayed on their source's runtime value
+_VIEW_OPS = {"view", "reshape", "_unsafe_view", "view_copy", "squeeze", "unsqueeze", "alias", "permute",
+             "permute_copy", "transpose", "t", "clone", "contiguous", "expand", "alias_copy"}
+
+
+def sqnr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
+    """10 log10(|ref|^2 / |ref - got|^2) in float64 (inf when equal, NaN when the shapes cannot be paired)."""
+    if ref.numel() != got.numel():
+        return math.nan
+    r = ref.detach().double().reshape(-1)
+    noise = float((r - got.detach().double().reshape(-1)).pow(2).sum())
+    signal = float(r.pow(2).sum())
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def _op_name(n: torch.fx.Node) -> str:
+    t = n.target
+    return str(getattr(t, "__name__", t)).split(".")[0] if n.op == "call_function" else ""
+
+
+def lowbit_layers(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.Node]]:
+    """(module path, node) of every low-bit linear op of the graph, in graph order."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and any(f"edgetorch.{op}" in str(n.target) for op in _LOWBIT_OPS):
+            out.append((_module_path(n) or n.name, n))
+    return out
+
+
+def _runtime_by_node(gm: torch.fx.GraphModule, entries: list[Any]) -> dict[torch.fx.Node, torch.Tensor]:
+    """The runtime's logged value of each graph node that is the last op of its debug handle."""
+    last, _ = reference_handles(gm)
+    order = {h: i for i, h in enumerate(last)}
+    out: dict[torch.fx.Node, torch.Tensor] = {}
+    for e in entries:
+        res = _resolve(e, last, order)
+        if isinstance(res, str):
+            continue
+        h, index = res
+        want = last[h].meta.get("val")
+        if want is None:  # a graph without fake values (a dynamic method's stored document): one output only
+            got = e.tensors[0] if len(e.tensors) == 1 else None
+        else:
+            vals = _runtime_values(e, h, index, want)
+            got = vals.get(0) if isinstance(vals, dict) else None
+        if isinstance(got, torch.Tensor) and last[h] not in out:
+            out[last[h]] = got
+    return out
+
+
+def _replayed(n: torch.fx.Node, src: torch.Tensor) -> torch.Tensor | None:
+    """View op ``n`` applied to its source's runtime value; a size given by a graph node (a dynamic dimension)
+    becomes -1, once."""
+    def arg(a: Any) -> Any:
+        if isinstance(a, (list, tuple)):
+            return type(a)(arg(x) for x in a)
+        return -1 if isinstance(a, torch.fx.Node) else a
+
+    rest = arg(tuple(n.args[1:]))
+    if str(rest).count("-1") > 1:  # several dynamic sizes: a view keeping its last (static) dimension
+        shape = rest[0] if rest and isinstance(rest[0], (list, tuple)) else ()
+        last = shape[-1] if shape else -1
+        ok = _op_name(n) in {"view", "reshape", "_unsafe_view", "view_copy"} and last > 0
+        return src.reshape(-1, last) if ok and src.numel() % last == 0 else None
+    try:  # a view of a non-contiguous source (after a permute the runtime materialised) is a reshape
+        reshape = _op_name(n) in {"view", "_unsafe_view", "view_copy"}
+        out = src.reshape(*rest) if reshape else n.target(src, *rest, **n.kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return out if isinstance(out, torch.Tensor) else None
+
+
+def _runtime_of(n: Any, values: dict[torch.fx.Node, torch.Tensor]) -> torch.Tensor | None:
+    """The runtime value of node ``n``: logged, or (through views and layout changes the runtime did not log)
+    its source's, with those ops replayed."""
+    chain = []
+    while isinstance(n, torch.fx.Node) and n not in values:
+        if _op_name(n) not in _VIEW_OPS or not n.args:
+            return None
+        chain.append(n)
+        n = n.args[0]
+    if not isinstance(n, torch.fx.Node):
+        return None
+    got: torch.Tensor | None = values[n]
+    for v in reversed(chain):
+        got = _replayed(v, got)
+        if got is None:
+            return None
+    return got
+
+
+class _Hooks:
+    """Forward hooks on the float model's Linears named ``paths``: their last output per call."""
+
+    def __init__(self, model: torch.nn.Module, paths: list[str]) -> None:
+        self.outputs: dict[str, torch.Tensor] = {}
+        self._handles = []
+        for p in paths:
+            try:
+                mod = model.get_submodule(p)
+            except AttributeError:
+                continue
+            self._handles.append(mod.register_forward_hook(self._hook(p)))
+
+    def _hook(self, path: str) -> Any:
+        def hook(_m: torch.nn.Module, _i: Any, out: Any) -> None:
+            self.outputs[path] = out.detach()
+        return hook
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def _float_linear(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    try:
+        mod = model.get_submodule(path)
+    except AttributeError:
+        return None
+    return mod if isinstance(mod, torch.nn.Linear) else None
+
+
+def _first_tensor(v: Any) -> torch.Tensor | None:
+    return next((x for x in pytree.tree_leaves(v) if isinstance(x, torch.Tensor)), None)
+
+
+def _greedy(logits: torch.Tensor | None) -> int | None:
+    if logits is None or logits.numel() == 0:
+        return None
+    return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
+
+
+def _call(model: torch.nn.Module, method: str, inputs: list[Any]) -> Any:
+    fn = model if method == "forward" else getattr(model, method, None)
+    if fn is None:
+        raise InspectorError(f"the float model has no method '{method}' (the ETDump recorded executions of it)")
+    return fn(*inputs)
+
+
+def _execution_rows(inspector: Any, replay: Any, rec: Any, float_model: torch.nn.Module,
+                    hooks: _Hooks) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    ex = rec.execution
+    gm, _ = replay.module(ex.method)
+    layers = lowbit_layers(gm)
+    values = _runtime_by_node(gm, runtime_entries(inspector.event_blocks[rec.block].events, rec.block_run))
+    hooks.outputs.clear()
+    out = _call(float_model, ex.method, list(rec.inputs))
+    rows = []
+    for path, node in layers:
+        rt = _runtime_of(node, values)
+        flt = hooks.outputs.get(path)
+        lin = _float_linear(float_model, path)
+        x = _runtime_of(node.args[0], values)
+        acc = sqnr_db(flt, rt) if rt is not None and flt is not None else math.nan
+        local = math.nan
+        if rt is not None and x is not None and lin is not None:
+            local = sqnr_db(torch.nn.functional.linear(x.to(lin.weight.dtype), lin.weight, lin.bias), rt)
+        rows.append({"execution": ex.index, "method": ex.method, "run": ex.run, "layer": path,
+                     "sqnr_db": acc, "local_sqnr_db": local})
+    rt_logits, fl_logits = _first_tensor(rec.outputs), _first_tensor(out)
+    logit_sqnr = sqnr_db(fl_logits, rt_logits) if rt_logits is not None and fl_logits is not None else math.nan
+    token = {"execution": ex.index, "method": ex.method, "run": ex.run, "runtime_token": _greedy(rt_logits),
+             "float_token": _greedy(fl_logits), "logits_sqnr_db": logit_sqnr}
+    return rows, token
+
+
+def layer_ranking(df: pd.DataFrame) -> pd.Series:
+    """Each layer's mean local SQNR over the executions, worst (lowest) first (an exact layer counts as 1e9)."""
+    rows = df[df["local_sqnr_db"].notna()]
+    means = rows.assign(s=rows["local_sqnr_db"].clip(upper=1e9)).groupby("layer", sort=False)["s"].mean()
+    return means.sort_values(kind="stable").rename("mean_local_sqnr_db")
+
+
+def _responsible(df: pd.DataFrame, execution: int | None) -> str | None:
+    if execution is None:  # no divergence: the worst layer over the whole generation
+        ranking = layer_ranking(df)
+        return str(ranking.index[0]) if len(ranking) else None
+    rows = df[(df["execution"] == execution) & df["local_sqnr_db"].notna()]
+    return None if rows.empty else str(rows.loc[rows["local_sqnr_db"].idxmin(), "layer"])
+
+
+def quantized_generation_table(inspector: Any, float_model: torch.nn.Module) -> pd.DataFrame:
+    """One row per (execution, quantized layer) of the recorded generation against ``float_model`` (see the
+    module docstring). The float model runs every execution in order on the runtime's inputs; its KV cache is
+    reset first (``reset_cache()`` when it has one) and left as the last execution left it."""
+    replay = inspector.replay(None)
+    records = replay.records
+    if not records:
+        raise InspectorError("the ETDump records no execution")
+    missing = [r.execution.index for r in records if r.inputs is None]
+    if missing:
+        raise InspectorError(f"executions {missing} logged no inputs: record the ETDump with a debug buffer "
+                             "(debug_buffer_size=... or debug_buffer_path=...) to replay the float model on them")
+    paths = list(dict.fromkeys(p for m in dict.fromkeys(r.execution.method for r in records)
+                               for p, _ in lowbit_layers(replay.module(m)[0])))
+    if not paths:
+        raise InspectorError("the program has no low-bit layer (edgetorch::linear_q4 / linear_q8): export it "
+                             "with a torchao recipe (e.g. portable_torchao_8da4w)")
+    if hasattr(float_model, "reset_cache"):
+        float_model.reset_cache()
+    hooks = _Hooks(float_model, paths)
+    rows: list[dict[str, Any]] = []
+    tokens = []
+    try:
+        with torch.no_grad():
+            for rec in records:
+                r, t = _execution_rows(inspector, replay, rec, float_model, hooks)
+                rows.extend(r)
+                tokens.append(t)
+    finally:
+        hooks.remove()
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    tok = pd.DataFrame(tokens)
+    first = next((int(t["execution"]) for t in tokens
+                  if t["runtime_token"] is not None and t["runtime_token"] != t["float_token"]), None)
+    df.attrs.update(tokens=tok, first_divergence=first, responsible_layer=_responsible(df, first),
+                    ranking=layer_ranking(df), reference_graph="float")
+    return df
+
+
+def pivot(df: pd.DataFrame, value: str = "local_sqnr_db") -> pd.DataFrame:
+    """The table as token (execution) x layer of one column (``local_sqnr_db`` or ``sqnr_db``)."""
+    return df.pivot(index="execution", columns="layer", values=value)[list(dict.fromkeys(df["layer"]))]

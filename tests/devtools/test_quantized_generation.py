@@ -1,0 +1,129 @@
+"""A low-bit (8da4w) llama_tiny generation recorded with an ETDump, debugged against the float model per token and
+per quantized layer (``Inspector.quantized_generation_table``): the SQNRs equal an independent computation
+(torchao's own quantized eager model against the float eager model, layer inputs and outputs captured with forward
+hooks, fed the same tokens), and a layer planted with outlier weights (one per int4 group: every group scale is
+ruined) is named first."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from edgetorch.devtools import Inspector
+from edgetorch.devtools.inspector.quantized_generation import pivot, sqnr_db
+from edgetorch.export import ExportRecipe, PortableRecipeType, export
+from edgetorch.models.generation import greedy_generate_with_logits
+from edgetorch.models.llama import build_llama_tiny, example_prompt, llama_dynamic_shapes, llama_method_inputs
+from edgetorch.runtime import Runtime
+
+pytest.importorskip("torchao")
+
+PLANTED = "layers.0.attention.wv"
+PROMPT, TOKENS = 5, 4
+#: the runtime's kernels vs torchao's eager arithmetic (2e-2 relative per op, tests/runtime/test_lowbit.py) move
+#: a ~20 dB SQNR by well under this
+DB_TOL = 1.0
+
+
+def _plant_outliers(model: torch.nn.Module, path: str) -> None:
+    w = model.get_submodule(path).weight
+    with torch.no_grad():
+        # one outlier per group of 32, 4x the largest weight: the group's int4 step grows 4x and half the other
+        # weights round to zero (a far larger outlier would dominate the layer's output and hide its own noise)
+        w[:, ::32] = 4 * w.abs().max()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    torch.manual_seed(0)
+    model = build_llama_tiny().eval()
+    _plant_outliers(model, PLANTED)
+    recipe = ExportRecipe.get_recipe(PortableRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR)
+    inputs = llama_method_inputs(model.config)
+    session = export({"prefill": model, "decode": model}, {k: [v] for k, v in inputs.items()}, recipe,
+                     dynamic_shapes=llama_dynamic_shapes(model.config), generate_etrecord=True)
+    d = tmp_path_factory.mktemp("q4gen")
+    session.get_executorch_program_manager().save(str(d / "model.pte"))
+    session.get_etrecord().save(str(d / "etrecord.bin"))
+    prog = Runtime.get().load_program(str(d / "model.pte"), enable_etdump=True, debug_buffer_size="auto")
+    prompt = example_prompt(model.config, PROMPT)
+    got = greedy_generate_with_logits(prog.load_method("prefill").execute, prog.load_method("decode").execute,
+                                      prompt, TOKENS)
+    prog.write_etdump_result_to_file(str(d / "etdump.etdp"), str(d / "debug_buffer.bin"))
+    insp = Inspector(etdump_path=d / "etdump.etdp", etrecord=d / "etrecord.bin",
+                     debug_buffer_path=d / "debug_buffer.bin")
+    return model, recipe, prompt, got.tokens, insp.quantized_generation_table(copy.deepcopy(model))
+
+
+class _Capture:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.values: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear):
+                m.register_forward_hook(self._hook(name))
+
+    def _hook(self, name: str):
+        def hook(_m, args, out):
+            self.values[name] = (args[0].detach(), out.detach())
+        return hook
+
+
+def _independent(model, recipe, prompt, tokens):
+    """Per execution: {layer: (accumulated, local) SQNR} and (torchao's greedy token, the float model's), from
+    torchao's quantized eager model and the float eager model run on the same tokens as the runtime."""
+    from torchao.quantization import quantize_
+
+    fl = copy.deepcopy(model)
+    q = copy.deepcopy(model)
+    for c in recipe.quantization_recipe.ao_quantization_configs:
+        quantize_(q, c.ao_base_config, c.filter_fn)
+    cap_f, cap_q = _Capture(fl), _Capture(q)
+    fl.reset_cache()
+    q.reset_cache()
+    calls = [("prefill", (prompt, torch.arange(PROMPT)))]
+    calls += [("decode", (torch.tensor([[t]]), torch.tensor([PROMPT + i]))) for i, t in enumerate(tokens[:-1])]
+    out = []
+    with torch.no_grad():
+        for method, args in calls:
+            lf, lq = getattr(fl, method)(*args), getattr(q, method)(*args)
+            layers = {}
+            for name, (x, y) in cap_q.values.items():
+                lin = model.get_submodule(name)
+                local = sqnr_db(torch.nn.functional.linear(x, lin.weight, lin.bias), y)
+                layers[name] = (sqnr_db(cap_f.values[name][1], y), local)
+            out.append((layers, int(lq[0, -1].argmax()), int(lf[0, -1].argmax())))
+    return out
+
+
+def test_table_matches_torchao_eager_against_float_eager(recorded):
+    model, recipe, prompt, tokens, df = recorded
+    assert list(df["execution"].unique()) == list(range(TOKENS))
+    assert df.groupby("execution").size().eq(15).all()  # every quantized linear, every token
+    assert df[["sqnr_db", "local_sqnr_db"]].notna().all().all()
+    want = _independent(model, recipe, prompt, tokens)
+    worst = 0.0
+    for row in df.itertuples():
+        acc, local = want[row.execution][0][row.layer]
+        worst = max(worst, abs(row.sqnr_db - acc), abs(row.local_sqnr_db - local))
+    assert worst <= DB_TOL, worst
+    toks = df.attrs["tokens"]
+    assert list(toks["runtime_token"]) == tokens
+    assert list(toks["float_token"]) == [f for _, _, f in want]
+    diverged = next((i for i, (r, f) in enumerate(zip(tokens, toks["float_token"])) if r != f), None)
+    assert df.attrs["first_divergence"] == diverged
+
+
+def test_planted_outlier_layer_is_named_first(recorded):
+    *_, df = recorded
+    assert df.attrs["responsible_layer"] == PLANTED
+    local = pivot(df)
+    assert list(local.columns)[:3] == ["layers.0.attention.wq", "layers.0.attention.wk", PLANTED]
+    ranking = df.attrs["ranking"]
+    assert ranking.index[0] == PLANTED and ranking.iloc[0] < ranking.iloc[1] - 3  # by a margin (dB)
+    assert ranking[PLANTED] == pytest.approx(local[PLANTED].mean())
+    # one decode token is a 32-value sample: the planted layer is the worst of most tokens, not necessarily all
+    assert (local.idxmin(axis=1) == PLANTED).sum() >= TOKENS - 1
+    if df.attrs["first_divergence"] is not None:
+        assert local.loc[df.attrs["first_divergence"]].idxmin() == PLANTED
