@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --gap: compare with this graph of the ETRecord instead of the edge program; 'float' "
                         "(the float model a quantizing export records) gives each layer's quantization error over "
                         "every recorded sample")
+    p.add_argument("--float-model", dest="float_model", default=None, metavar="NAME",
+                   help="with --reference-graph float: the zoo model a low-bit `generate --recipe ... --etdump` "
+                        "recording was quantized from: per token and per layer, its quantization error")
     p.add_argument("--worst", type=int, default=5, metavar="N",
                    help="with --reference-graph float: how many worst layers to list (default 5)")
     p.add_argument("--impact", action="store_true",
@@ -178,6 +181,11 @@ def _main(args: argparse.Namespace) -> int:
         method = "forward" if "forward" in methods or not methods else methods[0]
 
     gap_df, culprits, quant_df, generation_df = None, None, None, None
+    if args.gap is not None and args.reference_graph == "float" and getattr(args, "float_model", None):
+        from edgetorch.cli._quant_generation import print_quantized_generation
+
+        print_quantized_generation(inspector, args.float_model, console)
+        return EXIT_OK
     if args.gap is not None and args.reference_graph == "float":
         quant_df = _float_table(inspector, args, method, console, steps)
     elif args.gap is not None:

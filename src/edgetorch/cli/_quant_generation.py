@@ -1,0 +1,51 @@
+"""``edgetorch inspect --gap --reference-graph float --float-model NAME``: a low-bit generation recorded with
+``generate --recipe ... --etdump`` against the float zoo model it was quantized from (seeded weights, rebuilt by
+name), per token and per quantized layer (``devtools.inspector.quantized_generation``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["print_quantized_generation"]
+
+
+def _db(v: float) -> str:
+    return "-" if v != v else ("inf" if math.isinf(v) and v > 0 else f"{v:.1f}")
+
+
+def print_quantized_generation(inspector: Any, model_name: str, console: Any) -> Any:
+    """Prints the per-token summary and the worst layers; returns the table (token x layer, long form)."""
+    from edgetorch.cli._common import CliError
+    from edgetorch.devtools.inspector.quantized_generation import quantized_generation_table
+    from edgetorch.errors import EdgeTorchError
+    from edgetorch.models import get_spec
+
+    try:
+        model = get_spec(model_name).build().eval()
+    except (KeyError, ValueError, EdgeTorchError) as e:
+        raise CliError(f"--float-model {model_name!r}: {e}") from None
+    try:
+        df = quantized_generation_table(inspector, model)
+    except EdgeTorchError as e:
+        raise CliError(str(e)) from None
+
+    def say(line: str) -> None:
+        console.print(line, highlight=False, markup=False)
+
+    say(f"quantized generation against the float model {model_name} (teacher-forced on the runtime's inputs)")
+    per_token = df.groupby("execution", sort=True)
+    for t in df.attrs["tokens"].itertuples():
+        rows = per_token.get_group(t.execution)
+        worst = rows.loc[rows["local_sqnr_db"].fillna(math.inf).idxmin()]
+        mark = "" if t.runtime_token == t.float_token else "  <- greedy choice differs"
+        say(f"  call {t.execution:>3} {t.method:<8} token {t.runtime_token} (float {t.float_token}), logits SQNR "
+            f"{_db(t.logits_sqnr_db)} dB, worst layer {worst['layer']} (local {_db(worst['local_sqnr_db'])} dB, "
+            f"accumulated {_db(worst['sqnr_db'])} dB){mark}")
+    first = df.attrs["first_divergence"]
+    say("greedy tokens agree with the float model" if first is None else
+        f"first token whose greedy choice differs from the float model's: call {first}")
+    say(f"layer most responsible: {df.attrs['responsible_layer']}")
+    say("layers by mean local SQNR (worst first): " + ", ".join(
+        f"{name} {_db(v)} dB" for name, v in df.attrs["ranking"].head(5).items()))
+    return df

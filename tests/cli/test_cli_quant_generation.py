@@ -1,0 +1,39 @@
+"""``edgetorch inspect --gap --reference-graph float --float-model llama_tiny`` on a ``generate --recipe
+portable_torchao_8da4w --etdump`` recording: per call the greedy tokens and logits SQNR against the float model
+(equal to what ``generate`` measured against the float model on its own), the first call whose greedy choice
+differs and the layer most responsible."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.cli.conftest import cli
+
+pytest.importorskip("torchao")
+
+
+@pytest.mark.slow
+def test_inspect_low_bit_generation_against_the_float_model(tmp_path):
+    g = cli("generate", "--recipe", "portable_torchao_8da4w", "--etdump", "--tokens", "4", "--prompt-len", "4",
+            "--out", str(tmp_path))
+    assert g.returncode in (0, 1), g.stderr[-3000:]
+    steps = [float(v) for v in re.search(r"logits SQNR against float per step \(same inputs\): (.*) dB",
+                                         g.stdout).group(1).split(", ")]
+    r = cli("inspect", "--etdump", str(tmp_path / "etdump.etdp"), "--etrecord", str(tmp_path / "etrecord.bin"),
+            "--debug-buffer", str(tmp_path / "debug_buffer.bin"), "--gap", "--reference-graph", "float",
+            "--float-model", "llama_tiny")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = " ".join(r.stdout.split())
+    calls = re.findall(r"call +(\d+) (prefill|decode) +token (\d+) \(float (\d+)\), logits SQNR ([\d.]+) dB", out)
+    assert [int(c[0]) for c in calls] == [0, 1, 2, 3]
+    # a decode call's logits are one row, as generate's step logits: same SQNR while the two read the same tokens
+    for (k, _, _, _, db), want in zip(calls[1:], steps[1:]):
+        assert float(db) == pytest.approx(want, abs=0.051), (k, db, want)
+    differs = [int(c[0]) for c in calls if c[2] != c[3]]
+    if differs:
+        assert f"first token whose greedy choice differs from the float model's: call {differs[0]}" in out
+    else:
+        assert "greedy tokens agree with the float model" in out
+    assert re.search(r"layer most responsible: (layers\.\d\.\S+|output)", out)
