@@ -235,3 +235,25 @@ def test_random_mutations_of_every_reference_etdump():
             except ETDumpFormatError:
                 outcomes["format"] += 1
     assert outcomes["format"] > 500 and outcomes["ok"] > 100, outcomes
+
+
+def test_a_flipped_weight_byte_is_refused_by_its_crc():
+    """A stored weight archive is read into one buffer that every tensor views (no zipfile read), so its CRC-32 is
+    checked by hand: one flipped byte inside a tensor's data is refused naming the entry, never used silently."""
+    data = (DATA / "mlp_portable_etrecord.bin").read_bytes()
+    outer = zipfile.ZipFile(io.BytesIO(data))
+    name = next(i.filename for i in outer.infolist() if i.filename.endswith("forward_state_dict")
+                and i.compress_type == zipfile.ZIP_STORED)
+    info = outer.getinfo(name)
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    start = info.header_offset + 30 + name_len + extra_len
+    inner = zipfile.ZipFile(io.BytesIO(data[start:start + info.file_size]))
+    tensor = max((i for i in inner.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    t_len, t_extra = struct.unpack("<HH", data[start + tensor.header_offset + 26:start + tensor.header_offset + 30])
+    at = start + tensor.header_offset + 30 + t_len + t_extra + tensor.file_size // 2
+    bad = bytearray(data)
+    bad[at] ^= 0x01  # one bit of one float weight
+    with pytest.raises(ETRecordFormatError, match="CRC") as ei:
+        _parse_all(bytes(bad))
+    assert name in str(ei.value)
+    _parse_all(data)  # the untouched record reads

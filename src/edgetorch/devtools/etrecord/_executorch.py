@@ -37,7 +37,7 @@ import torch
 
 from edgetorch.devtools.etrecord._executorch_handles import aten_handle_bound, propagate_handles
 from edgetorch.devtools.etrecord._serde_fast import converting
-from edgetorch.devtools.etrecord._stored_torch import load_stored
+from edgetorch.devtools.etrecord._stored_torch import StoredCRCError, load_stored
 from edgetorch.errors import ETRecordFormatError
 from edgetorch.formats.handles import groups_from_tables, parse_handle
 
@@ -142,7 +142,7 @@ class _Zip:
     def torch_load(self, name: str) -> Any:
         """The ``torch.save`` archive stored under ``name``, read with torch's weights-only unpickler. A stored
         (uncompressed) entry is read once into one buffer that every tensor views (no copy of the entry's
-        bytes, no second copy into each storage); its CRC is not computed (as ``torch.load(mmap=True)``)."""
+        bytes, no second copy into each storage), checked against the CRC-32 the archive records."""
         info = self.infos[name]
         if info.file_size > MAX_TENSOR_BYTES:
             raise self.error(name, f"{info.file_size} bytes (at most {MAX_TENSOR_BYTES})")
@@ -151,9 +151,11 @@ class _Zip:
             if start is None:
                 return torch.load(io.BytesIO(self.read(name, MAX_TENSOR_BYTES)), weights_only=True,
                                   map_location="cpu")
-            return load_stored(self._raw(), start, info.file_size)
+            return load_stored(self._raw(), start, info.file_size, info.CRC)
         except ETRecordFormatError:
             raise
+        except StoredCRCError as e:
+            raise self.error(name, str(e)) from None
         except Exception as e:  # weights_only refuses any pickle beyond tensors and plain containers
             raise self.error(name, f"cannot be read with torch.load(weights_only=True) "
                                    f"({type(e).__name__}: {str(e)[:200]})") from None

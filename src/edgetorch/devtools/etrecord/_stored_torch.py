@@ -7,6 +7,7 @@ Untrusted pickles are only ever read by torch's weights-only unpickler."""
 from __future__ import annotations
 
 import io
+import zlib
 from typing import Any
 
 import torch
@@ -41,15 +42,23 @@ class _Window(io.RawIOBase):
         return got
 
 
-def load_stored(fp: Any, start: int, size: int) -> Any:
+class StoredCRCError(ValueError):
+    """The entry's bytes do not match the CRC-32 its archive records (a corrupted or edited entry)."""
+
+
+def load_stored(fp: Any, start: int, size: int, crc: int) -> Any:
     """torch.load(weights_only=True) of the torch.save archive at [start, start + size) of ``fp``: the archive
-    is read into one aligned buffer and every storage is a view of it (torch's own mmap loading, on a buffer)."""
+    is read into one aligned buffer and every storage is a view of it (torch's own mmap loading, on a buffer).
+    The bytes are checked against ``crc``, the CRC-32 the outer archive records, as ``zipfile`` would."""
     from torch import _weights_only_unpickler
 
     buf = torch.empty(size, dtype=torch.uint8)
     fp.seek(start)
     if size and fp.readinto(buf.numpy()) != size:
         raise EOFError("entry truncated")
+    found = zlib.crc32(buf.numpy()) if size else 0
+    if found != crc:
+        raise StoredCRCError(f"bad CRC-32 {found:#010x} (the archive records {crc:#010x})")
     reader = torch._C.PyTorchFileReader(io.BufferedReader(_Window(fp, start, size)))
     return torch.serialization._load(reader, None, _weights_only_unpickler, overall_storage=buf.untyped_storage(),
                                      encoding="utf-8")
