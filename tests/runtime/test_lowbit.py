@@ -5,6 +5,7 @@ tolerance on both of its paths (matrix-vector up to ``SMALL_M`` rows, dequantize
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -141,3 +142,20 @@ def test_a_wide_prefill_in_row_chunks_matches_the_whole_weight(monkeypatch):
     chunked = lowbit._dequant_mm(xb, weight, scales, 32)
     assert chunked.shape == whole.shape == (40, 1024)
     torch.testing.assert_close(chunked.float(), whole.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_prefills_of_weights_of_other_shapes_reuse_the_scratch_buffers_without_mixing_them(monkeypatch):
+    """The dequantization writes into per-thread buffers reused by every call: a smaller weight after a larger
+    one (and back) must give exactly the GEMM of its own bf16 weight, and the buffers stay one per kind."""
+    monkeypatch.setattr(lowbit, "_SCRATCH", threading.local())  # this thread's buffers start empty
+    g = torch.Generator().manual_seed(8)
+    cases = []
+    for n, k in ((256, 128), (64, 64), (256, 128), (96, 192)):
+        q = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
+        scales = torch.rand(n, k // 32, generator=g) * 0.1
+        xb = torch.randint(-255, 256, (48, k), generator=g).to(torch.bfloat16)
+        w = (q.float().view(n, k // 32, 32) * scales.to(torch.bfloat16).float().unsqueeze(-1)).view(n, k)
+        cases.append((xb, lowbit.pack_int4(q), scales, torch.mm(xb, w.to(torch.bfloat16).t())))
+    for xb, packed, scales, want in cases + cases[::-1]:
+        assert torch.equal(lowbit._dequant_mm(xb, packed, scales, 32), want)
+    assert lowbit._SCRATCH.bf16.numel() == 256 * 128 and lowbit._SCRATCH.nibbles.numel() == 256 * 64
