@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["print_quantized_generation"]
+__all__ = ["print_quantized_generation", "write_quantized_generation_report"]
 
 
 def _db(v: float) -> str:
@@ -49,3 +49,20 @@ def print_quantized_generation(inspector: Any, model_name: str, console: Any) ->
     say("layers by mean local SQNR (worst first): " + ", ".join(
         f"{name} {_db(v)} dB" for name, v in df.attrs["ranking"].head(5).items()))
     return df
+
+
+def write_quantized_generation_report(path: str, inspector: Any, df: Any, etdump: str, console: Any) -> None:
+    """The HTML report led by the per-token x per-layer heat maps (then the profile)."""
+    import os
+
+    from edgetorch.cli._common import CliError
+    from edgetorch.devtools.report import write_report
+
+    summary = {"ETDump": etdump, "reference": "the float model (teacher-forced on the runtime's inputs)",
+               "calls": len(df.attrs["tokens"])}
+    try:
+        write_report(path, None, inspector.to_dataframe(), summary=summary,
+                     title=f"edgetorch inspect: {os.path.basename(etdump)}", quant_generation_df=df)
+    except OSError as e:
+        raise CliError(f"cannot write output: {e.strerror or e}: {e.filename or ''}") from None
+    console.print(f"report written to {path}", highlight=False, markup=False)

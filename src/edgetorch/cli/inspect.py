@@ -182,9 +182,11 @@ def _main(args: argparse.Namespace) -> int:
 
     gap_df, culprits, quant_df, generation_df = None, None, None, None
     if args.gap is not None and args.reference_graph == "float" and getattr(args, "float_model", None):
-        from edgetorch.cli._quant_generation import print_quantized_generation
+        from edgetorch.cli import _quant_generation as qg
 
-        print_quantized_generation(inspector, args.float_model, console)
+        qdf = qg.print_quantized_generation(inspector, args.float_model, console)
+        if args.report:
+            qg.write_quantized_generation_report(args.report, inspector, qdf, args.etdump, console)
         return EXIT_OK
     if args.gap is not None and args.reference_graph == "float":
         quant_df = _float_table(inspector, args, method, console, steps)

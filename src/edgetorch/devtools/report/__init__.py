@@ -51,6 +51,7 @@ from ._charts import (
     stat_columns,
 )
 from ._graph import NodeStyle, graph_html
+from ._heatmap import quant_generation_section
 from ._quant import is_float_reference, quant_section
 
 __all__ = ["ReportError", "culprit_rows", "gap_chart_svg", "generation_chart_svg", "is_scaled", "profile_chart_svg",
@@ -441,7 +442,8 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
                  title: str = "edgetorch numerical debugging report", summary: dict[str, Any] | None = None,
                  threshold: float | None = None, generation_df: pd.DataFrame | None = None, *,
                  etrecord: Any = None, graph: EdgeGraph | None = None, culprits: pd.DataFrame | None = None,
-                 max_page_nodes: int = 90, quant_df: pd.DataFrame | None = None) -> str:
+                 max_page_nodes: int = 90, quant_df: pd.DataFrame | None = None,
+                 quant_generation_df: pd.DataFrame | None = None) -> str:
     """Writes the HTML report atomically; returns the path.
 
     ``gap_df``: a ``calculate_numeric_gap`` table (None: profile and per-step sections only). ``etrecord`` or
@@ -454,7 +456,9 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
     layers, local and accumulated SQNR along the graph, and the per-layer table. With ``quant_df`` (or a
     float-reference table passed as ``gap_df``) the report leads with that section, the answer for an INT8
     program: the worst layer, where the output is lost, what is not ranked; the comparison of the runtime with
-    the quantized program itself (``gap_df``) follows it."""
+    the quantized program itself (``gap_df``) follows it. ``quant_generation_df``
+    (``Inspector.quantized_generation_table``) leads with a low-bit generation against the float model: the
+    per-token x per-layer heat maps of local and accumulated SQNR."""
     if max_page_nodes < 2:
         raise ReportError(f"max_page_nodes must be >= 2, got {max_page_nodes}")
     if gap_df is not None and not isinstance(gap_df, pd.DataFrame):
@@ -475,11 +479,16 @@ def write_report(path: str | os.PathLike, gap_df: pd.DataFrame | None, profile_d
         body = parts[:1] + body + parts[1:]
     if quant_df is not None:  # the answer of an INT8 program is its float-model ranking: first
         body = [quant_section(quant_df)] + ([_SELF] if body else []) + body
+    if quant_generation_df is not None:
+        if not isinstance(quant_generation_df, pd.DataFrame) or "local_sqnr_db" not in quant_generation_df.columns:
+            raise ReportError("quant_generation_df must be an Inspector.quantized_generation_table() table, got "
+                              f"{type(quant_generation_df).__name__}")
+        body = [quant_generation_section(quant_generation_df)] + body
     if profile_df is not None and not profile_df.empty:
         body += ["<h2 id='profile'>Profile: slowest ops (median)</h2>", profile_chart_svg(profile_df)]
-    sections = (("quant", "quantization"), ("self", "program vs itself"), ("culprits", "culprits"),
-                ("samples", "samples"), ("steps", "steps"), ("graph", "graph"), ("table", "table"),
-                ("profile", "profile"))
+    sections = (("qgen", "quantized generation"), ("quant", "quantization"), ("self", "program vs itself"),
+                ("culprits", "culprits"), ("samples", "samples"), ("steps", "steps"), ("graph", "graph"),
+                ("table", "table"), ("profile", "profile"))
     nav = "".join(f"<a href='#{a}'>{t}</a>" for a, t in sections if f"id='{a}'" in "".join(body))
     data = json.dumps({"nodes": nodes, "traces": traces.items}, separators=(",", ":")).replace("</", "<\\/")
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "

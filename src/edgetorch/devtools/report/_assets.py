@@ -43,6 +43,8 @@ svg.graph .edges path{fill:none;stroke:#adb5bd;stroke-width:1}
 .filters{display:flex;flex-wrap:wrap;gap:8px;margin:6px 0;font-size:13px}
 .filters input{min-width:0;flex:1 1 180px}
 ol.culprits li{margin:4px 0;font-size:13px}
+.heatmap td{padding:2px 5px;font-size:12px}.heatmap th.rot{vertical-align:bottom}
+.heatmap th.rot div{writing-mode:vertical-rl;transform:rotate(180deg);font-size:11px;white-space:nowrap}
 """
 
 JS = """
