@@ -83,6 +83,28 @@ def _explained_delegate_rows(df: pd.DataFrame, real: list[bool]) -> set[Any]:
             if kind == DELEGATE_CALL and (int(iid), h) in inner}
 
 
+def _observer_explained(df: pd.DataFrame, real: list[bool]) -> set[Any]:
+    """DELEGATE_CALL rows whose error is what the debug session's own observation measured: the run checked the
+    observer effect (``df.attrs["observer_effect"]``: the largest ``max|exposed - plain| / max|plain|`` of the
+    call's outputs, the plain session fusing Q/DQ into integer kernels the exposing one cannot), and the row's
+    runtime output (the plain session's) is within that relative distance of the reference (``max|rt - ref| /
+    max|rt|``). A fault inside the delegate moves both sessions alike: it stays beyond the observer effect."""
+    oe = _opt(df.attrs.get("observer_effect"))
+    if not oe or "kind" not in df.columns:
+        return set()
+    out = set()
+    for i, r, kind in zip(df.index, real, df["kind"]):
+        ref, rt = df.at[i, "aot_intermediate_output"], df.at[i, "runtime_intermediate_output"]
+        if not (r and kind == DELEGATE_CALL) or not hasattr(ref, "shape") or not hasattr(rt, "shape"):
+            continue
+        if ref.shape != rt.shape or not ref.dtype.is_floating_point or not rt.numel():
+            continue
+        a, b = ref.detach().double(), rt.detach().double()
+        if (a - b).abs().max().item() <= oe * max(b.abs().max().item(), 1e-12) * (1 + 1e-6):
+            out.add(i)
+    return out
+
+
 def accumulated_ranks(df: pd.DataFrame) -> pd.Series:
     """Rank of each row when sorted by accumulated gap, worst first (the reference's way; 1 = first)."""
     worse = larger_is_worse(df.attrs.get("distance", "MSE"), df.attrs)
@@ -112,9 +134,10 @@ def find_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
         ratio.append(math.inf if err and not f else (err or 0.0) / f if f else 0.0)
     out["noise_ratio"] = ratio
     verdicts = df["verdict"] if "verdict" in df.columns else [None] * len(df)
-    real = [v == "real" or is_real(*a) for v, *a in zip(verdicts, df["metric"], df["local_gap"], df["gap"],
-                                                        df["local_rel_error"], df["rel_error"], df["noise_floor"])]
-    explained = _explained_delegate_rows(df, real)
+    real = [v == "real" if v in ("exact", "noise") and m == EXACT_METRIC else v == "real" or is_real(m, *a)
+            for v, m, *a in zip(verdicts, df["metric"], df["local_gap"], df["gap"], df["local_rel_error"],
+                                df["rel_error"], df["noise_floor"])]
+    explained = _explained_delegate_rows(df, real) | _observer_explained(df, real)
     keep = [i for i, r in zip(df.index, real) if r and i not in explained]
     out = out.loc[keep]
 

@@ -24,6 +24,16 @@ The constants are calibrated on clean FP32 programs (zoo and Hugging Face models
 ``bench/bench_culprits.py --clean-only`` prints, per program, the largest ratio ``local_rel_error / noise_floor``
 seen) with a margin, and are documented in ``df.attrs["noise_model"]``.
 
+Integer kernels (``quant_step``). In a quantized program a backend may run ``dequantize -> op -> quantize`` as
+one integer kernel (ORT's QLinearConv / QGemm / MatMulInteger): it accumulates in int32 and requantizes with its
+own rounding, so a value can land one step of its quantization grid away from the fake-quant reference's (a
+tie rounded the other way, a bias rounded to the accumulator's scale). That step is noise, not a fault: a row
+whose value lies on a grid, or feeds one, adds ``step * sqrt(N) / ||ref||`` to its floor (every one of its ``N``
+elements one step away), where ``step`` is the dequantize's scale (the op is a dequantize), the accumulator's
+step ``s_input * s_weight`` (a matmul/convolution of dequantized operands: the largest channel scale), else
+the scale of the quantize every reader applies. An integer row that a quantize produced is noise when no
+element differs by more than one step. Planted faults (a weight or scale perturbed) move values by many steps.
+
 Verdict (on the local error, the error the op adds itself): ``"exact"`` when the runtime value equals the local
 reference (integer/bool rows with no mismatching element, float rows with ``local_rel_error == 0``), ``"noise"``
 when ``local_rel_error <= noise_floor``, ``"real"`` otherwise (integer/bool rows: any mismatching element).
@@ -38,7 +48,7 @@ import torch
 import torch.fx
 
 __all__ = ["C_ELEMENT", "C_REDUCE", "C_TRANSCENDENTAL", "DELEGATE_FACTOR", "VERDICTS", "unit_roundoff", "rel_error",
-           "op_noise", "floor_from_units", "verdict", "noise_model_attrs"]
+           "quant_step", "step_floor", "op_noise", "floor_from_units", "verdict", "noise_model_attrs"]
 
 #: per rounding of an element-wise result (the op's own output rounding, both sides)
 C_ELEMENT = 2.0
@@ -196,6 +206,56 @@ def verdict(local_rel: float | None, floor: float | None, exact_row: bool, local
     return "real"
 
 
+def _scalar(node: Any) -> float | None:
+    """A scale argument's largest value: a number, or a constant tensor a ``get_attr`` node holds."""
+    if isinstance(node, (int, float)):
+        return float(node)
+    if isinstance(node, torch.fx.Node) and node.op == "get_attr":
+        obj: Any = node.graph.owning_module
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part, None)
+        if isinstance(obj, torch.Tensor) and obj.numel():
+            return float(obj.detach().abs().max())
+    return None
+
+
+def _q_name(node: Any) -> str:
+    return _name(node) if isinstance(node, torch.fx.Node) and node.op == "call_function" else ""
+
+
+def quant_step(node: torch.fx.Node | None) -> float | None:
+    """The quantization step an integer kernel may round the value of ``node`` by (see the module docstring);
+    None when the value is on no grid. A quantize's own (integer) output: 1.0, one integer step."""
+    if node is None or node.op != "call_function":
+        return None
+    name = _name(node)
+    if name.startswith("quantize_per_"):
+        return 1.0
+    if name.startswith("dequantize_per_"):
+        return _scalar(node.args[1]) if len(node.args) > 1 else None
+    if name in _MATMUL or name in _CONV:
+        scales = [_scalar(a.args[1]) if _q_name(a).startswith("dequantize_per_") and len(a.args) > 1 else None
+                  for a in node.args[:2]]
+        if len(scales) == 2 and None not in scales:
+            return scales[0] * scales[1]
+    readers = [_scalar(r.args[1]) for r in node.users if _q_name(r).startswith("quantize_per_") and len(r.args) > 1]
+    if readers and len(readers) == len(node.users) and None not in readers:
+        return max(readers)
+    return None
+
+
+def step_floor(step: float | None, ref: torch.Tensor, rt: torch.Tensor) -> tuple[float, bool]:
+    """The integer-kernel allowance of a row whose values lie on a grid of ``step``: the relative floor term
+    ``step * sqrt(N) / ||ref||`` (float rows), and whether an integer row is within one step (no element of
+    ``rt`` more than one step from ``ref``)."""
+    if not step or ref.numel() == 0 or ref.shape != rt.shape:
+        return 0.0, False
+    if not ref.dtype.is_floating_point:
+        return 0.0, bool((ref.long() - rt.long()).abs().max().item() <= 1)
+    den = max(torch.linalg.vector_norm(ref.double()).item(), torch.finfo(ref.dtype).tiny)
+    return step * math.sqrt(ref.numel()) / den, False
+
+
 def noise_model_attrs() -> dict[str, Any]:
     """What ``df.attrs["noise_model"]`` holds: the formula and its constants."""
     return {
@@ -205,6 +265,8 @@ def noise_model_attrs() -> dict[str, Any]:
         "K": "reduction length of the op (matmul inner dim, conv Cin/groups*kh*kw, normalised/softmax dim)",
         "C_ELEMENT": C_ELEMENT, "C_REDUCE": C_REDUCE, "C_TRANSCENDENTAL": C_TRANSCENDENTAL,
         "DELEGATE_FACTOR": DELEGATE_FACTOR,
+        "integer_kernels": "+ step*sqrt(N)/||ref|| where the value lies on (or feeds) a quantization grid of step "
+                           "'step'; an integer row from a quantize: noise when within one step",
         "verdict": "exact: local error 0 (exact rows: no mismatch); noise: local_rel_error <= noise_floor; "
                    "real: above it",
     }

@@ -59,7 +59,15 @@ from edgetorch.devtools.inspector.comparators import (
     is_exact_dtype,
     mismatch_count,
 )
-from edgetorch.devtools.inspector.noise import floor_from_units, noise_model_attrs, op_noise, rel_error, verdict
+from edgetorch.devtools.inspector.noise import (
+    floor_from_units,
+    noise_model_attrs,
+    op_noise,
+    quant_step,
+    rel_error,
+    step_floor,
+    verdict,
+)
 from edgetorch.errors import ETRecordFormatError, InspectorError
 from edgetorch.exir.debug_handles import nodes_by_handle, source_location
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, KINDS, HandleGroup, OutputSource
@@ -467,15 +475,18 @@ def _delegated(e: RuntimeEntry) -> bool:
 
 def _scale_columns(ref: torch.Tensor, rt: torch.Tensor, lref: torch.Tensor | None, metric: str,
                    mismatches: int | None, lgap: float | None, units: float, delegated: bool,
-                   same: bool | None = None) -> dict[str, Any]:
+                   same: bool | None = None, step: float | None = None) -> dict[str, Any]:
     """rel_error, local_rel_error, noise_floor and verdict of one row (``same``: whether ``ref`` and ``rt`` are
-    bit-identical, when the walk already compared them)."""
+    bit-identical, when the walk already compared them; ``step``: the row's quantization step, ``noise.step_floor``)."""
     exact_row = metric == EXACT_METRIC
     rel = None if exact_row else rel_error(ref, rt, equal=same)
     lrel = None if exact_row or lref is None else (rel if lref is ref else rel_error(lref, rt))
     floor = None if exact_row else floor_from_units(units, ref.dtype, delegated)
+    extra, within = step_floor(step, lref if lref is not None else ref, rt) if step and delegated else (0.0, False)
+    floor = floor + extra if floor is not None else None
+    v = verdict(lrel, floor, exact_row, lgap if lgap is not None else mismatches, rel)
     return {"rel_error": rel, "local_rel_error": lrel, "noise_floor": floor,
-            "verdict": verdict(lrel, floor, exact_row, lgap if lgap is not None else mismatches, rel)}
+            "verdict": "noise" if within and v == "real" else v}
 
 
 def _delegate_boundaries(rows: list[dict[str, Any]]) -> None:
@@ -613,7 +624,7 @@ def _row(j: _Join, e: RuntimeEntry, h: int, ref: torch.Tensor, rt: torch.Tensor,
         lgap = compare_values(comparator, lref, rt)[0]
     node = j.last[h]
     scale = _scale_columns(ref, rt, lref if lgap is not None else None, metric, mismatches, lgap,
-                           j.walk.carry.get(node, 0.0), _delegated(e), same)
+                           j.walk.carry.get(node, 0.0), _delegated(e), same, quant_step(node))
     return {
         "aot_debug_handle": tuple(group), "aot_ops": [n.name for x in group for n in j.nodes.get(x, [])],
         "aot_intermediate_output": ref, "runtime_ops": list(e.ops), "kind": e.group.kind,
