@@ -1,7 +1,7 @@
-"""``edgetorch inspect --gap --reference-graph float --float-model llama_tiny`` on a ``generate --recipe
-portable_torchao_8da4w --etdump`` recording: per call the greedy tokens and logits SQNR against the float model
-(equal to what ``generate`` measured against the float model on its own), the first call whose greedy choice
-differs and the layer most responsible."""
+"""``edgetorch inspect --gap --reference-graph float --float-model llama_tiny --report`` on a ``generate --recipe
+{portable,onnxruntime}_torchao_8da4w --etdump`` recording: per call the greedy tokens and logits SQNR against the
+float model (equal to what ``generate`` measured against the float model on its own), the first call whose greedy
+choice differs, the layer most responsible and the heat-map report; inside ONNX Runtime delegates too."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ import re
 
 import pytest
 
+from edgetorch.devtools import Inspector
+from edgetorch.models.llama import build_llama_tiny
 from tests.cli.conftest import cli
 
 pytest.importorskip("torchao")
 
 
 @pytest.mark.slow
-def test_inspect_low_bit_generation_against_the_float_model(tmp_path):
-    g = cli("generate", "--recipe", "portable_torchao_8da4w", "--etdump", "--tokens", "4", "--prompt-len", "4",
+@pytest.mark.parametrize("recipe", ["portable_torchao_8da4w", "onnxruntime_torchao_8da4w"])
+def test_inspect_low_bit_generation_against_the_float_model(tmp_path, recipe):
+    g = cli("generate", "--recipe", recipe, "--etdump", "--tokens", "4", "--prompt-len", "4",
             "--out", str(tmp_path))
     assert g.returncode in (0, 1), g.stderr[-3000:]
     steps = [float(v) for v in re.search(r"logits SQNR against float per step \(same inputs\): (.*) dB",
@@ -39,3 +42,8 @@ def test_inspect_low_bit_generation_against_the_float_model(tmp_path):
     assert re.search(r"layer most responsible: (layers\.\d\.\S+|output)", out)
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "id='qgen'" in html and html.count("<table class='heatmap'") == 2
+    # inside ONNX Runtime delegates too: every layer of every call has its runtime value (the delegate's log)
+    insp = Inspector(etdump_path=tmp_path / "etdump.etdp", etrecord=tmp_path / "etrecord.bin",
+                     debug_buffer_path=tmp_path / "debug_buffer.bin")
+    df = insp.quantized_generation_table(build_llama_tiny())
+    assert len(df) == 4 * 15 and df[["sqnr_db", "local_sqnr_db"]].notna().all().all()
