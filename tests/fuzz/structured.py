@@ -176,10 +176,18 @@ def _install_arena_fill() -> None:
 
     def filled(plan):
         t = orig(plan)
-        t.fill_(_FILL[0])
+        t[:_planned_end(plan)].fill_(_FILL[0])  # not the pages of an edited huge arena_size no slot reaches
         return t
     filled._fuzz = True
     m._allocate_arena = filled
+
+
+def _planned_end(plan) -> int:
+    """The end of the last planned slot: the arena bytes the oracle fills and checks."""
+    from edgetorch.formats import program as pf
+
+    return max([v.arena_offset + v.nbytes for v in plan.values if isinstance(v, pf.TensorDef)
+                and v.placement == pf.PLACEMENT_PLANNED and v.arena_offset >= 0] + [0])
 
 
 def _slot_mask(method) -> object:
@@ -188,7 +196,7 @@ def _slot_mask(method) -> object:
     from edgetorch.formats import program as pf
 
     plan = method._plan
-    mask = np.zeros(int(method._arena.numel()), dtype=bool)
+    mask = np.zeros(min(int(method._arena.numel()), _planned_end(plan)), dtype=bool)
     for v in plan.values:
         if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED and v.nbytes > 0 and v.arena_offset >= 0:
             mask[v.arena_offset:v.arena_offset + v.nbytes] = True
@@ -209,8 +217,9 @@ def _run_pte(ctx: Context, data: bytes, level: str, fill: int) -> tuple[list, st
     outs = []
     for _ in range(2 if ctx.kind == "llama" else 1):
         outs.append([o.clone() if isinstance(o, torch.Tensor) else o for o in method.execute(*ctx.inputs)])
-    arena = method._arena.numpy()
-    if arena.size and not np.all(arena[~_slot_mask(method)] == fill):
+    mask = _slot_mask(method)
+    arena = method._arena[:mask.size].numpy()
+    if arena.size and not np.all(arena[~mask] == fill):
         return outs, "write-outside-slot"
     if zlib.crc32(data) != crc:
         return outs, "constant-written"
