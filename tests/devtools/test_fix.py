@@ -13,7 +13,7 @@ from edgetorch.errors import InspectorError
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, export
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
-from edgetorch.workflows.fix import _merge_overlapping, _search_order, final_error, find_fix
+from edgetorch.workflows.fix import ACTIVATION, _merge_overlapping, _search_order, final_error, find_fix
 
 
 def _samples(inputs: tuple, n: int = 3) -> list[tuple]:
@@ -40,6 +40,8 @@ def test_search_order_finds_the_smallest_passing_prefix_in_few_steps(threshold):
 
 def test_merge_overlapping_groups():
     assert _merge_overlapping([["a"], ["b"], ["a", "r"], ["c"]]) == [["a", "r"], ["b"], ["c"]]
+    a, b, c = (ACTIVATION + n for n in "xyz")  # values: kept once, in their first group, never merged
+    assert _merge_overlapping([[a, b], ["op"], [b, c], [b]]) == [[a, b], ["op"], [c]]
 
 
 def test_final_error_against_numpy():
@@ -64,7 +66,10 @@ def test_quantized_outlier_layer_is_kept_in_float_and_proven():
     assert "linear_1" in result.fix and not ({"linear", "linear_2"} & set(result.fix))  # fc2 = linear_1
     assert len(lines) == 2 + result.reexports  # baseline, candidates, one line per re-export
     # independent proof: export with the fix ourselves and compare with eager PyTorch in numpy
-    session = export(model, samples, ExportRecipe.get_recipe(recipe, quant_exclude_nodes=tuple(result.fix)))
+    ops = tuple(k for k in result.fix if not k.startswith(ACTIVATION))
+    acts = tuple(k.removeprefix(ACTIVATION) for k in result.fix if k.startswith(ACTIVATION))
+    session = export(model, samples, ExportRecipe.get_recipe(recipe, quant_exclude_nodes=ops,
+                                                             quant_exclude_activations=acts))
     outs = _run(session.get_pte_buffer(), samples)
     with torch.no_grad():
         errs = []
@@ -104,3 +109,29 @@ def test_arguments_are_checked():
         find_fix(model, [inputs], PortableRecipeType.INT8_STATIC_PER_TENSOR, 0.1, max_reexports=0)
     with pytest.raises(InspectorError, match="samples is empty"):
         find_fix(model, [], PortableRecipeType.INT8_STATIC_PER_TENSOR, 0.1)
+
+
+def test_activation_outlier_is_fixed_by_keeping_activations_float_not_the_whole_mlp():
+    """One channel of fc1's output shifted far beyond the others (fc2's bias cancels it: the same function) ruins
+    the per-tensor scale of that activation: keeping values float is the small fix, the ops and weights stay INT8."""
+    model, inputs = get_model("mlp")
+    with torch.no_grad():
+        d = 50 * float(torch.relu(model.fc1(inputs[0])).abs().max())
+        model.fc1.bias[0] += d
+        model.fc2.bias -= d * model.fc2.weight[:, 0]
+    samples = _samples(inputs)
+    recipe, tol = PortableRecipeType.INT8_STATIC_PER_TENSOR, 0.05
+    result = find_fix(model, samples, recipe, tol)
+    assert result.baseline.final_error > tol and result.proven and result.reexports <= 5
+    acts = [k.removeprefix(ACTIVATION) for k in result.fix if k.startswith(ACTIVATION)]
+    assert acts and len(acts) == len(result.fix)  # no op kept float: every weight stays INT8
+    assert "relu" in acts  # the value with the outlier channel (fc1's output after its relu)
+    assert result.fix_step.size_bytes <= 1.05 * result.baseline.size_bytes
+    assert "activation(s)" in result.summary()
+    # independent proof: the fix exported by hand, compared with eager PyTorch in numpy
+    session = export(model, samples, ExportRecipe.get_recipe(recipe, quant_exclude_activations=tuple(acts)))
+    outs = _run(session.get_pte_buffer(), samples)
+    with torch.no_grad():
+        errs = [np.linalg.norm(o[0].double().numpy().ravel() - model(*s).double().numpy().ravel())
+                / np.linalg.norm(model(*s).double().numpy().ravel()) for s, o in zip(samples, outs)]
+    assert max(errs) <= tol and max(errs) == pytest.approx(result.fix_step.final_error, rel=1e-6)

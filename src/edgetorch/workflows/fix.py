@@ -17,7 +17,10 @@ recipes::
    float model run eagerly.
 2. **Candidates**, ranked: for an INT8 recipe, the layers whose own quantization adds the most error (lowest local
    SQNR in the float-reference gap table, ``inspector.float_reference``), each with the ops of its quantized
-   pattern; kept in float through the recipe's ``quant_exclude_nodes``. For a float recipe of a delegating
+   pattern; each layer is offered twice, the smaller fix first: its activations kept float (the values its ops
+   read and write, ``quant_exclude_activations``; named ``activation:<node>`` in the fix: the ops and their
+   weights stay INT8, e.g. an activation with one outlier channel), then its ops kept in float through the
+   recipe's ``quant_exclude_nodes``. For a float recipe of a delegating
    backend (``OrtRecipeType.FP32``), the culprits of the gap table against the ATen program
    (``Inspector.find_culprits``: ops adding error beyond rounding noise), kept off the delegate through the
    recipe's ``exclude_nodes``. Or ``candidates`` given by the caller (groups of node names, best first).
@@ -45,7 +48,7 @@ from edgetorch.errors import InspectorError, RecipeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FixResult", "FixStep", "final_error", "find_fix"]
+__all__ = ["ACTIVATION", "FixResult", "FixStep", "final_error", "find_fix"]
 
 
 @dataclass
@@ -102,7 +105,11 @@ class FixResult:
         if s is None:
             return head + ": no fix found within the re-export budget"
         verb = "off the delegate" if self.mode == "delegate" else "in float"
-        return (f"{head}: keep {len(self.fix)} op(s) {verb}: {', '.join(self.fix)} -> final error "
+        acts = [k.removeprefix(ACTIVATION) for k in self.fix if k.startswith(ACTIVATION)]
+        ops = [k for k in self.fix if not k.startswith(ACTIVATION)]
+        what = f"{len(ops)} op(s) {verb}: {', '.join(ops)}" if ops else f"{len(acts)} activation(s) {verb}: "
+        what += (f" and {len(acts)} activation(s): " if ops and acts else "") + (", ".join(acts) if acts else "")
+        return (f"{head}: keep {what} -> final error "
                 f"{s.final_error:.3e} (proven), latency {s.latency_ms:.2f} ms vs {b.latency_ms:.2f} ms, size "
                 f"{s.size_bytes} vs {b.size_bytes} bytes")
 
@@ -145,13 +152,56 @@ def _is_quantized(recipe_type: Any) -> bool:
     return "int8" in str(getattr(recipe_type, "value", recipe_type)).lower()
 
 
+#: the prefix of a kept name that is a value kept float (``quant_exclude_activations``), not an op
+ACTIVATION = "activation:"
+
+
 def _quant_candidates(et: Any, samples: list[tuple], top: int) -> list[list[str]]:
-    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+    """Per ranked layer, two candidates, the smaller first: its activations kept float (the values its ops read
+    and write: the ops, their weights included, stay INT8), then its ops kept float."""
+    from edgetorch.devtools.inspector.float_reference import float_graph, rank_quantization_culprits
     from edgetorch.workflows.quant_fallback import inspect_quantized, layer_nodes
 
     run = inspect_quantized(et, samples)
     ranked = rank_quantization_culprits(run.table, top=top)
-    return [layer_nodes(run, row) for _, row in ranked.iterrows()]
+    fgm = float_graph(run.inspector, run.table.attrs.get("method", "forward"))
+    out: list[list[str]] = []
+    for _, row in ranked.iterrows():
+        ops = layer_nodes(run, row)
+        acts = [ACTIVATION + a for a in _activations(fgm, ops)]
+        out += [acts, ops] if acts else [ops]
+    return out
+
+
+def _activations(fgm: torch.fx.GraphModule, ops: list[str]) -> list[str]:
+    """The activations of a layer (node names of the float graph): the data inputs of its ops from outside the
+    layer (not weights or biases: ``get_attr`` and parameter placeholders) and its outputs read outside it."""
+    from edgetorch.exir.quant_annotations import WEIGHTED_OPS
+
+    by_name = {n.name: n for n in fgm.graph.nodes}
+    group = [by_name[o] for o in ops if o in by_name]
+    params = {n for n in fgm.graph.nodes if n.op == "get_attr"}
+    out: list[str] = []
+    for n in group:
+        data = n.args[:1] if n.target in WEIGHTED_OPS else n.args
+        for a in data:
+            if isinstance(a, torch.fx.Node) and a not in group and a not in params and not _is_parameter(a):
+                out.append(a.name)
+        if any(u not in group for u in n.users) and n.op == "call_function":
+            out.append(n.name)
+    return list(dict.fromkeys(out))
+
+
+def _is_parameter(n: torch.fx.Node) -> bool:
+    v = n.meta.get("val")
+    return n.op == "placeholder" and isinstance(v, torch.nn.Parameter)
+
+
+def _recipe_exclusions(option: str, kept: list[str]) -> dict[str, tuple[str, ...]]:
+    """The recipe options that keep ``kept`` (op names, and ``ACTIVATION``-prefixed value names) float."""
+    acts = tuple(k.removeprefix(ACTIVATION) for k in kept if k.startswith(ACTIVATION))
+    out = {option: tuple(k for k in kept if not k.startswith(ACTIVATION))}
+    return {**out, "quant_exclude_activations": acts} if acts else out
 
 
 def _delegate_candidates(et: Any, samples: list[tuple], top: int) -> list[list[str]]:
@@ -230,9 +280,11 @@ def find_fix(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: Any,
     mode = "quantization" if _is_quantized(recipe_type) else "delegate"
     option = "quant_exclude_nodes" if mode == "quantization" else "exclude_nodes"
     base_kept = list(recipe_options.pop(option, ()))
+    if mode == "quantization":  # values the caller already keeps float stay float, as ours
+        base_kept += [ACTIVATION + a for a in recipe_options.pop("quant_exclude_activations", ())]
     with torch.no_grad():
         reference = [model(*s) for s in evals]
-    et = _export(model, samples, recipe_type, {**recipe_options, option: tuple(base_kept)},
+    et = _export(model, samples, recipe_type, {**recipe_options, **_recipe_exclusions(option, base_kept)},
                  etrecord=candidates is None)
     base = _measure(et.buffer, evals, reference, tolerance, 0, base_kept, 0, latency_repeats)
     say(f"baseline: final error {base.final_error:.3e} (tolerance {tolerance:.3e}), latency "
@@ -253,9 +305,17 @@ def find_fix(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: Any,
 
 
 def _merge_overlapping(groups: list[list[str]]) -> list[list[str]]:
-    """Groups sharing an op are one layer (a conv's row and its fused relu's row): merged into the first."""
+    """Groups sharing an op are one layer (a conv's row and its fused relu's row): merged into the first. A group
+    of activations (values a layer reads and writes) keeps those no earlier group keeps (the output of one layer is
+    the input of the next: the groups are not merged into one)."""
     out: list[list[str]] = []
     for g in groups:
+        if g and all(n.startswith(ACTIVATION) for n in g):  # values: each kept once, in its first group
+            seen = {n for o in out for n in o}
+            g = [n for n in dict.fromkeys(g) if n not in seen]
+            if g:
+                out.append(g)
+            continue
         home = next((o for o in out if set(o) & set(g)), None)
         if home is None:
             out.append(list(dict.fromkeys(g)))
@@ -278,7 +338,7 @@ def _search(model: torch.nn.Module, samples: list[tuple], evals: list[tuple], re
         if k is None:
             break
         kept = _prefix(result.candidates, k, base_kept)
-        et = _export(model, samples, recipe_type, {**options, option: tuple(kept)}, etrecord=False)
+        et = _export(model, samples, recipe_type, {**options, **_recipe_exclusions(option, kept)}, etrecord=False)
         step = _measure(et.buffer, evals, reference, result.tolerance, len(result.steps), kept, k, repeats)
         result.steps.append(step)
         done[k] = step.within
@@ -286,5 +346,19 @@ def _search(model: torch.nn.Module, samples: list[tuple], evals: list[tuple], re
             f"{step.final_error:.3e} {'within' if step.within else 'above'} tolerance, latency "
             f"{step.latency_ms:.2f} ms, {step.size_bytes} bytes")
     passing = [s for s in result.steps[1:] if s.within]
+    best = min(passing, key=lambda s: (s.candidates_used, s.reexport)) if passing else None
+    acts = [k for k in best.kept if k.startswith(ACTIVATION) or k in base_kept] if best is not None else []
+    tried = [sorted(s.kept) for s in result.steps]
+    if best is not None and len(result.steps) - 1 < budget and len(base_kept) < len(acts) < len(best.kept) \
+            and sorted(acts) not in tried:
+        # the smaller fix: the prefix's activations alone (its ops, weights included, INT8 again)
+        et = _export(model, samples, recipe_type, {**options, **_recipe_exclusions(option, acts)}, etrecord=False)
+        step = _measure(et.buffer, evals, reference, result.tolerance, len(result.steps), acts, 0, repeats)
+        result.steps.append(step)
+        say(f"re-export {step.reexport}: keep the activations of the fix alone ({len(acts)}) -> final error "
+            f"{step.final_error:.3e} {'within' if step.within else 'above'} tolerance, {step.size_bytes} bytes")
+        if step.within:
+            result.fix = acts
+            return
     if passing:
         result.fix = min(passing, key=lambda s: (s.candidates_used, s.reexport)).kept
