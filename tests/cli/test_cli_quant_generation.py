@@ -26,7 +26,7 @@ def test_inspect_low_bit_generation_against_the_float_model(tmp_path, recipe):
                                          g.stdout).group(1).split(", ")]
     r = cli("inspect", "--etdump", str(tmp_path / "etdump.etdp"), "--etrecord", str(tmp_path / "etrecord.bin"),
             "--debug-buffer", str(tmp_path / "debug_buffer.bin"), "--gap", "--reference-graph", "float",
-            "--float-model", "llama_tiny", "--report", str(tmp_path / "r.html"))
+            "--float-model", "llama_tiny", "--impact", "--report", str(tmp_path / "r.html"))
     assert r.returncode == 0, r.stderr[-3000:]
     out = " ".join(r.stdout.split())
     calls = re.findall(r"call +(\d+) (prefill|decode) +token (\d+) \(float (\d+)\), logits SQNR ([\d.]+) dB", out)
@@ -40,6 +40,7 @@ def test_inspect_low_bit_generation_against_the_float_model(tmp_path, recipe):
     else:
         assert "greedy tokens agree with the float model" in out
     assert re.search(r"layer most responsible: (layers\.\d\.\S+|output)", out)
+    assert re.search(r"layers by mean share of the logit error .*: (layers\.\d\.\S+|output) [\d.]+%", out)
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert "id='qgen'" in html and html.count("<table class='heatmap'") == 2
     # inside ONNX Runtime delegates too: every layer of every call has its runtime value (the delegate's log)

@@ -7,6 +7,7 @@ ruined) is named first."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -54,7 +55,7 @@ def recorded(tmp_path_factory):
     prog.write_etdump_result_to_file(str(d / "etdump.etdp"), str(d / "debug_buffer.bin"))
     insp = Inspector(etdump_path=d / "etdump.etdp", etrecord=d / "etrecord.bin",
                      debug_buffer_path=d / "debug_buffer.bin")
-    return model, recipe, prompt, got.tokens, insp.quantized_generation_table(copy.deepcopy(model))
+    return model, recipe, prompt, got.tokens, insp.quantized_generation_table(copy.deepcopy(model), impact=True)
 
 
 class _Capture:
@@ -70,9 +71,19 @@ class _Capture:
         return hook
 
 
+def _inject_noise(fl, method, args, path, err, clean):
+    """The float model with ``err`` added to layer ``path``'s output: its logit noise power against ``clean``."""
+    h = fl.get_submodule(path).register_forward_hook(lambda _m, _i, y: y + err.reshape(y.shape))
+    try:
+        return float((getattr(fl, method)(*args) - clean).double().pow(2).sum())
+    finally:
+        h.remove()
+
+
 def _independent(model, recipe, prompt, tokens):
-    """Per execution: {layer: (accumulated, local) SQNR} and (torchao's greedy token, the float model's), from
-    torchao's quantized eager model and the float eager model run on the same tokens as the runtime."""
+    """Per execution: {layer: (accumulated, local) SQNR, logit share} and (torchao's greedy token, the float
+    model's), from torchao's quantized eager model and the float eager model run on the same tokens as the
+    runtime (the share: torchao's local error of the layer injected alone into the float model)."""
     from torchao.quantization import quantize_
 
     fl = copy.deepcopy(model)
@@ -87,12 +98,19 @@ def _independent(model, recipe, prompt, tokens):
     out = []
     with torch.no_grad():
         for method, args in calls:
-            lf, lq = getattr(fl, method)(*args), getattr(q, method)(*args)
-            layers = {}
+            lq = getattr(q, method)(*args)
+            clean = getattr(fl, method)(*args)
+            errs = {}
             for name, (x, y) in cap_q.values.items():
                 lin = model.get_submodule(name)
-                local = sqnr_db(torch.nn.functional.linear(x, lin.weight, lin.bias), y)
-                layers[name] = (sqnr_db(cap_f.values[name][1], y), local)
+                errs[name] = y - torch.nn.functional.linear(x, lin.weight, lin.bias)
+            noise = {name: _inject_noise(fl, method, args, name, e, clean) for name, e in errs.items()}
+            lf = getattr(fl, method)(*args)  # clean again: the injected runs wrote this call's cache slots
+            total = float((lq - lf).double().pow(2).sum())
+            layers = {}
+            for name, (x, y) in cap_q.values.items():
+                local = sqnr_db(y - errs[name], y)
+                layers[name] = (sqnr_db(cap_f.values[name][1], y), local, noise[name] / total)
             out.append((layers, int(lq[0, -1].argmax()), int(lf[0, -1].argmax())))
     return out
 
@@ -103,11 +121,15 @@ def test_table_matches_torchao_eager_against_float_eager(recorded):
     assert df.groupby("execution").size().eq(15).all()  # every quantized linear, every token
     assert df[["sqnr_db", "local_sqnr_db"]].notna().all().all()
     want = _independent(model, recipe, prompt, tokens)
-    worst = 0.0
+    worst, worst_share = 0.0, 0.0
     for row in df.itertuples():
-        acc, local = want[row.execution][0][row.layer]
+        acc, local, share = want[row.execution][0][row.layer]
         worst = max(worst, abs(row.sqnr_db - acc), abs(row.local_sqnr_db - local))
+        if share >= 0.05:  # a tiny share is a ratio of tiny noises: the kernels' own rounding moves it most
+            worst_share = max(worst_share, abs(10 * math.log10(row.logit_share / share)))
     assert worst <= DB_TOL, worst
+    assert worst_share <= DB_TOL / 2, worst_share
+    assert (df["logit_share"] >= 0).all()
     toks = df.attrs["tokens"]
     assert list(toks["runtime_token"]) == tokens
     assert list(toks["float_token"]) == [f for _, _, f in want]
@@ -127,6 +149,8 @@ def test_planted_outlier_layer_is_named_first(recorded):
     assert (local.idxmin(axis=1) == PLANTED).sum() >= TOKENS - 1
     if df.attrs["first_divergence"] is not None:
         assert local.loc[df.attrs["first_divergence"]].idxmin() == PLANTED
+    # its error alone costs the logits more than any other layer's
+    assert df.groupby("layer")["logit_share"].mean().idxmax() == PLANTED
 
 
 def test_report_heat_maps_token_by_layer(recorded, tmp_path):

@@ -14,8 +14,9 @@ def _db(v: float) -> str:
     return "-" if v != v else ("inf" if math.isinf(v) and v > 0 else f"{v:.1f}")
 
 
-def print_quantized_generation(inspector: Any, model_name: str, console: Any) -> Any:
-    """Prints the per-token summary and the worst layers; returns the table (token x layer, long form)."""
+def print_quantized_generation(inspector: Any, model_name: str, console: Any, impact: bool = False) -> Any:
+    """Prints the per-token summary and the worst layers (with ``impact``: their mean share of the logit error);
+    returns the table (token x layer, long form)."""
     from edgetorch.cli._common import CliError
     from edgetorch.devtools.inspector.quantized_generation import quantized_generation_table
     from edgetorch.errors import EdgeTorchError
@@ -26,7 +27,7 @@ def print_quantized_generation(inspector: Any, model_name: str, console: Any) ->
     except (KeyError, ValueError, EdgeTorchError) as e:
         raise CliError(f"--float-model {model_name!r}: {e}") from None
     try:
-        df = quantized_generation_table(inspector, model)
+        df = quantized_generation_table(inspector, model, impact=impact)
     except EdgeTorchError as e:
         raise CliError(str(e)) from None
 
@@ -48,6 +49,10 @@ def print_quantized_generation(inspector: Any, model_name: str, console: Any) ->
     say(f"layer most responsible: {df.attrs['responsible_layer']}")
     say("layers by mean local SQNR (worst first): " + ", ".join(
         f"{name} {_db(v)} dB" for name, v in df.attrs["ranking"].head(5).items()))
+    if impact:
+        shares = df.groupby("layer", sort=False)["logit_share"].mean().sort_values(ascending=False)
+        say("layers by mean share of the logit error (their own error alone, injected into the float model): "
+            + ", ".join(f"{name} {v:.1%}" for name, v in shares.head(5).items()))
     return df
 
 

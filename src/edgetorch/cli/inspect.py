@@ -184,7 +184,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.gap is not None and args.reference_graph == "float" and getattr(args, "float_model", None):
         from edgetorch.cli import _quant_generation as qg
 
-        qdf = qg.print_quantized_generation(inspector, args.float_model, console)
+        qdf = qg.print_quantized_generation(inspector, args.float_model, console, impact=args.impact)
         if args.report:
             qg.write_quantized_generation_report(args.report, inspector, qdf, args.etdump, console)
         return EXIT_OK

@@ -511,13 +511,14 @@ class Inspector:
 
         return first_divergence_across_executions(self.replay(), threshold, distance)
 
-    def quantized_generation_table(self, float_model: torch.nn.Module) -> pd.DataFrame:
+    def quantized_generation_table(self, float_model: torch.nn.Module, impact: bool = False) -> pd.DataFrame:
         """A low-bit generation against ``float_model``: per execution (token) and quantized layer, the
         accumulated and local SQNR; the first token whose greedy choice differs and the layer most responsible
-        in ``attrs`` (``inspector.quantized_generation``)."""
+        in ``attrs``; ``impact=True`` adds each layer's share of the logit error
+        (``inspector.quantized_generation``)."""
         from edgetorch.devtools.inspector.quantized_generation import quantized_generation_table
 
-        return quantized_generation_table(self, float_model)
+        return quantized_generation_table(self, float_model, impact)
 
     def first_divergence(self, df: pd.DataFrame, threshold: float) -> pd.Series | None:
         """The first row (execution order) whose gap crosses ``threshold`` (below it for SNR/COSINE). An exact

@@ -11,6 +11,10 @@ with forward hooks, and each quantized layer's logged runtime output is compared
 * the float Linear applied to the runtime's own input of the layer (the layer's logged input, float weights):
   ``local_sqnr_db``, the error this layer's quantization adds by itself.
 
+``impact=True`` adds ``logit_share``: the logit noise power of the float model with only this layer's own local
+error added to its output (one more float forward per layer), over the runtime's logit noise power against the
+float model: the layer's share of the logit error (shares need not add up to 1: errors interact).
+
 ``attrs["tokens"]`` has one row per execution: the runtime's greedy token, the float model's on the same inputs
 and the logits SQNR; ``attrs["first_divergence"]`` is the first execution whose greedy choice differs from the
 float model's (None when none does) and ``attrs["responsible_layer"]`` the layer with the lowest local SQNR in
@@ -185,27 +189,61 @@ def _call(model: torch.nn.Module, method: str, inputs: list[Any]) -> Any:
     return fn(*inputs)
 
 
+def _noise(ref: torch.Tensor | None, got: torch.Tensor | None) -> float:
+    if ref is None or got is None or ref.numel() != got.numel():
+        return math.nan
+    return float((ref.detach().double().reshape(-1) - got.detach().double().reshape(-1)).pow(2).sum())
+
+
+def _impacts(float_model: torch.nn.Module, rec: Any, errors: dict[str, torch.Tensor],
+             clean: torch.Tensor | None) -> dict[str, float]:
+    """Per layer, the logit noise power (against the clean float logits) of the float model with that layer's
+    own local error alone added to its output; each run writes this execution's cache slots, which the clean
+    run that follows rewrites."""
+    out: dict[str, float] = {}
+    for path, err in errors.items():
+        mod = float_model.get_submodule(path)
+
+        def add(_m: torch.nn.Module, _i: Any, y: torch.Tensor, e: torch.Tensor = err) -> torch.Tensor:
+            return y + e.reshape(y.shape).to(y.dtype) if e.numel() == y.numel() else y
+
+        handle = mod.register_forward_hook(add)
+        try:
+            out[path] = _noise(clean, _first_tensor(_call(float_model, rec.execution.method, list(rec.inputs))))
+        finally:
+            handle.remove()
+    return out
+
+
 def _execution_rows(inspector: Any, replay: Any, rec: Any, float_model: torch.nn.Module,
-                    hooks: _Hooks) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                    hooks: _Hooks, impact: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     ex = rec.execution
     gm, _ = replay.module(ex.method)
-    layers = lowbit_layers(gm)
     values = _runtime_by_node(gm, runtime_entries(inspector.event_blocks[rec.block].events, rec.block_run))
-    hooks.outputs.clear()
-    out = _call(float_model, ex.method, list(rec.inputs))
-    rows = []
-    for path, node in layers:
-        rt = _runtime_of(node, values)
-        flt = hooks.outputs.get(path)
-        lin = _float_linear(float_model, path)
-        x = _runtime_of(node.args[0], values)
-        acc = sqnr_db(flt, rt) if rt is not None and flt is not None else math.nan
+    rows, errors = [], {}
+    for path, node in lowbit_layers(gm):
+        rt, x, lin = _runtime_of(node, values), _runtime_of(node.args[0], values), _float_linear(float_model, path)
         local = math.nan
         if rt is not None and x is not None and lin is not None:
-            local = sqnr_db(torch.nn.functional.linear(x.to(lin.weight.dtype), lin.weight, lin.bias), rt)
-        rows.append({"execution": ex.index, "method": ex.method, "run": ex.run, "layer": path,
-                     "sqnr_db": acc, "local_sqnr_db": local})
-    rt_logits, fl_logits = _first_tensor(rec.outputs), _first_tensor(out)
+            own = torch.nn.functional.linear(x.to(lin.weight.dtype), lin.weight, lin.bias)
+            local = sqnr_db(own, rt)
+            errors[path] = rt.reshape(own.shape).to(own.dtype) - own
+        rows.append({"execution": ex.index, "method": ex.method, "run": ex.run, "layer": path, "sqnr_db": math.nan,
+                     "local_sqnr_db": local, "_rt": rt})
+    rt_logits = _first_tensor(rec.outputs)
+    impacts: dict[str, float] = {}
+    if impact:
+        clean = _first_tensor(_call(float_model, ex.method, list(rec.inputs)))
+        impacts = _impacts(float_model, rec, errors, clean)
+    hooks.outputs.clear()
+    fl_logits = _first_tensor(_call(float_model, ex.method, list(rec.inputs)))  # the clean run, last
+    total = _noise(fl_logits, rt_logits)
+    for row in rows:
+        rt, flt = row.pop("_rt"), hooks.outputs.get(row["layer"])
+        row["sqnr_db"] = sqnr_db(flt, rt) if rt is not None and flt is not None else math.nan
+        if impact:
+            share = impacts.get(row["layer"], math.nan)
+            row["logit_share"] = share / total if total and total == total else math.nan
     logit_sqnr = sqnr_db(fl_logits, rt_logits) if rt_logits is not None and fl_logits is not None else math.nan
     token = {"execution": ex.index, "method": ex.method, "run": ex.run, "runtime_token": _greedy(rt_logits),
              "float_token": _greedy(fl_logits), "logits_sqnr_db": logit_sqnr}
@@ -227,10 +265,11 @@ def _responsible(df: pd.DataFrame, execution: int | None) -> str | None:
     return None if rows.empty else str(rows.loc[rows["local_sqnr_db"].idxmin(), "layer"])
 
 
-def quantized_generation_table(inspector: Any, float_model: torch.nn.Module) -> pd.DataFrame:
+def quantized_generation_table(inspector: Any, float_model: torch.nn.Module, impact: bool = False) -> pd.DataFrame:
     """One row per (execution, quantized layer) of the recorded generation against ``float_model`` (see the
     module docstring). The float model runs every execution in order on the runtime's inputs; its KV cache is
-    reset first (``reset_cache()`` when it has one) and left as the last execution left it."""
+    reset first (``reset_cache()`` when it has one) and left as the last execution left it. ``impact=True`` adds
+    ``logit_share`` (one more float forward per layer and execution)."""
     replay = inspector.replay(None)
     records = replay.records
     if not records:
@@ -252,12 +291,12 @@ def quantized_generation_table(inspector: Any, float_model: torch.nn.Module) -> 
     try:
         with torch.no_grad():
             for rec in records:
-                r, t = _execution_rows(inspector, replay, rec, float_model, hooks)
+                r, t = _execution_rows(inspector, replay, rec, float_model, hooks, impact)
                 rows.extend(r)
                 tokens.append(t)
     finally:
         hooks.remove()
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(rows, columns=COLUMNS + (["logit_share"] if impact else []))
     tok = pd.DataFrame(tokens)
     first = next((int(t["execution"]) for t in tokens
                   if t["runtime_token"] is not None and t["runtime_token"] != t["float_token"]), None)
