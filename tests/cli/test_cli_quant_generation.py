@@ -42,7 +42,7 @@ def test_inspect_low_bit_generation_against_the_float_model(tmp_path, recipe):
     assert re.search(r"layer most responsible: (layers\.\d\.\S+|output)", out)
     assert re.search(r"layers by mean share of the logit error .*: (layers\.\d\.\S+|output) [\d.]+%", out)
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "id='qgen'" in html and html.count("<table class='heatmap'") == 2
+    assert "id='qgen'" in html and html.count("<table class='heatmap'") == 3  # local, accumulated, share
     # inside ONNX Runtime delegates too: every layer of every call has its runtime value (the delegate's log)
     insp = Inspector(etdump_path=tmp_path / "etdump.etdp", etrecord=tmp_path / "etrecord.bin",
                      debug_buffer_path=tmp_path / "debug_buffer.bin")

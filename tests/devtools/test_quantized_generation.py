@@ -157,21 +157,24 @@ def test_report_heat_maps_token_by_layer(recorded, tmp_path):
     import re
 
     from edgetorch.devtools.report import write_report
-    from edgetorch.devtools.report._heatmap import sqnr_colour
+    from edgetorch.devtools.report._heatmap import share_colour, sqnr_colour
 
     *_, df = recorded
     html = open(write_report(tmp_path / "r.html", None, quant_generation_df=df), encoding="utf-8").read()
     assert "id='qgen'" in html and f"layer most responsible: <b>{PLANTED}</b>" in html
     maps = re.findall(r"<table class='heatmap' data-value='(\w+)'>(.*?)</table>", html)
-    assert [v for v, _ in maps] == ["local_sqnr_db", "sqnr_db"]
+    assert [v for v, _ in maps] == ["local_sqnr_db", "sqnr_db", "logit_share"]
     for value, body in maps:
         heads = re.findall(r"<th class='rot'( style='outline[^']*')?><div>([^<]+)</div>", body)
         assert [h for _, h in heads] == list(dict.fromkeys(df["layer"]))
         assert [h for o, h in heads if o] == [PLANTED]  # the responsible layer's column is outlined
-        cells = re.findall(r"background:(#[0-9a-f]{6})' title='([^,]+), call (\d+): ([-\d.inf]+) dB'", body)
+        cells = re.findall(r"background:(#[0-9a-f]{6})' title='([^,]+), call (\d+): ([-\d.inf]+)( dB|%)'", body)
         assert len(cells) == len(df)
         want = df.set_index(["execution", "layer"])[value]
-        for colour, layer, k, text in cells:
+        for colour, layer, k, text, unit in cells:
             v = float(want[(int(k), layer)])
-            assert text == f"{v:.1f}" and colour == sqnr_colour(v)
+            if value == "logit_share":
+                assert unit == "%" and text == f"{100 * v:.1f}" and colour == share_colour(v)
+            else:
+                assert unit == " dB" and text == f"{v:.1f}" and colour == sqnr_colour(v)
     assert sqnr_colour(0.0) == "#ff5060" and sqnr_colour(40.0) == "#50ff60" and sqnr_colour(float("nan")) == "#dddddd"

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ._charts import _e
 
-__all__ = ["heatmap_html", "quant_generation_section", "sqnr_colour"]
+__all__ = ["heatmap_html", "quant_generation_section", "share_colour", "sqnr_colour"]
 
 #: SQNR (dB) at or below which a cell is fully red, and at or above which it is fully green
 LOW_DB, HIGH_DB = 5.0, 30.0
@@ -25,12 +25,23 @@ def sqnr_colour(db: float) -> str:
     return f"#{r:02x}{g:02x}60"
 
 
+def share_colour(share: float) -> str:
+    """A share of the logit error: green (none) through yellow to red (half of it or more); grey when unknown."""
+    return "#dddddd" if share != share else sqnr_colour(HIGH_DB - min(1.0, max(0.0, 2 * share)) * (HIGH_DB - LOW_DB))
+
+
+def _pct(share: float) -> str:
+    return "-" if share != share else f"{100 * share:.1f}"
+
+
 def _fmt(db: float) -> str:
     return "-" if db != db else ("inf" if math.isinf(db) and db > 0 else f"{db:.1f}")
 
 
 def heatmap_html(df: pd.DataFrame, value: str, first: int | None, responsible: str | None) -> str:
-    """One heat map: a row per execution, a column per layer (graph order), cells coloured by ``value``."""
+    """One heat map: a row per execution, a column per layer (graph order), cells coloured by ``value`` (an SQNR
+    in dB, or ``logit_share`` in percent)."""
+    colour, fmt, unit = (share_colour, _pct, "%") if value == "logit_share" else (sqnr_colour, _fmt, " dB")
     layers = list(dict.fromkeys(df["layer"]))
     grid = df.pivot(index="execution", columns="layer", values=value)
     methods = df.drop_duplicates("execution").set_index("execution")["method"]
@@ -41,9 +52,9 @@ def heatmap_html(df: pd.DataFrame, value: str, first: int | None, responsible: s
            "</tr></thead><tbody>"]
     for k in grid.index:
         mark = " style='font-weight:bold'" if k == first else ""
-        cells = "".join(f"<td class='num' style='background:{sqnr_colour(float(grid.at[k, lay]))}' "
-                        f"title='{_e(lay)}, call {k}: {_fmt(float(grid.at[k, lay]))} dB'>"
-                        f"{_fmt(float(grid.at[k, lay]))}</td>" for lay in layers)
+        cells = "".join(f"<td class='num' style='background:{colour(float(grid.at[k, lay]))}' "
+                        f"title='{_e(lay)}, call {k}: {fmt(float(grid.at[k, lay]))}{unit}'>"
+                        f"{fmt(float(grid.at[k, lay]))}</td>" for lay in layers)
         out.append(f"<tr><td{mark}>{k} {_e(methods.get(k, ''))}{' &larr;' if k == first else ''}</td>{cells}</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
@@ -71,4 +82,7 @@ def quant_generation_section(df: pd.DataFrame) -> str:
         out.append("</tbody></table>")
     out += ["<h3>Local SQNR (dB) per call and layer</h3>", heatmap_html(df, "local_sqnr_db", first, responsible),
             "<h3>Accumulated SQNR (dB) per call and layer</h3>", heatmap_html(df, "sqnr_db", first, responsible)]
+    if "logit_share" in df.columns:
+        out += ["<h3>Share of the logit error (%) per call and layer: the layer's own error alone, injected into the "
+                "float model</h3>", heatmap_html(df, "logit_share", first, responsible)]
     return "".join(out)
