@@ -265,3 +265,31 @@ def test_a_value_moved_to_a_view_instruction_of_the_same_handle_is_refused(artif
                                                     "logged no value"):
             Inspector(etdump_data=ed.serialize_etdump(doc), etrecord=artifacts["etrecord"],
                       debug_buffer_path=artifacts["debug_buffer"])
+
+
+@pytest.mark.parametrize("level", list(Verification))
+def test_a_batch_norm_argument_moved_to_a_number_is_a_typed_error(level):
+    """small_cnn's batch-norm input or statistic moved to a scalar value of the plan (the schema's Tensor admits a
+    Python number): the shape rule called ``.dim()`` on it, a generic AttributeError (13 of the campaign's
+    10,000 small_cnn mutants)."""
+    from edgetorch.formats import program as pf
+    from tests.fuzz.pte_edit import decode
+
+    model, inputs = get_model("small_cnn")
+    data = structured_lower(model, inputs)
+    p = decode(data)[0].plans[0]
+    k = next(k for k, ins in enumerate(p.instructions) if isinstance(ins.call, pf.KernelCallDef)
+             and "batch_norm" in p.operators[ins.call.op_index].name)
+    number = next(i for i, v in enumerate(p.values) if isinstance(v, float) and not isinstance(v, bool))
+    for j in (0, 3):
+        def mutate(prog, j=j) -> None:
+            prog.plans[0].instructions[k].call.args[j] = number
+
+        with pytest.raises(ProgramFormatError, match="must be a tensor|has a float"):
+            _run(edit(data, mutate), inputs, level)
+
+
+def structured_lower(model, inputs) -> bytes:
+    from tests.conftest import lower
+
+    return lower(model, inputs).buffer

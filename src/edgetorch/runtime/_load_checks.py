@@ -99,17 +99,22 @@ def _batch_norm(pos: list, kw: dict) -> str | None:
     """``(x, weight, bias, running_mean, running_var, ...)``: every statistic None or ``C`` contiguous elements of
     the input's dtype family, ``x`` at least 2-D."""
     x = pos[0]
+    if not isinstance(x, torch.Tensor):  # the schema's Tensor also admits a Python number (torch wraps it)
+        return f"input must be a tensor, the program passes {type(x).__name__}"
     if x.dim() < 2:
         return f"input must have at least 2 dims, has shape {list(x.shape)}"
     c = x.shape[1]
     for name, t in zip(("weight", "bias", "running_mean", "running_var"), pos[1:5]):
-        if t is not None and (t.dim() != 1 or t.shape[0] != c):
-            return f"{name} must have shape [{c}] (the input's channels), has {list(t.shape)}"
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != c):
+            has = list(t.shape) if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
+            return f"{name} must have shape [{c}] (the input's channels), has {has}"
     return None
 
 
 def _layer_norm(pos: list, kw: dict) -> str | None:
     x, shape, weight, bias = pos[0], list(resolve(pos[1])), pos[2], pos[3]
+    if any(t is not None and not isinstance(t, torch.Tensor) for t in (x, weight, bias)) or x is None:
+        return "input, weight and bias must be tensors (or None), the program passes a number"
     if list(x.shape[x.dim() - len(shape):]) != shape or len(shape) > x.dim():
         return f"normalized_shape {shape} does not end the input's shape {list(x.shape)}"
     for name, t in (("weight", weight), ("bias", bias)):
