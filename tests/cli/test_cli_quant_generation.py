@@ -42,6 +42,9 @@ def test_inspect_low_bit_generation_against_the_float_model(tmp_path, recipe):
     assert re.search(r"layer most responsible: (layers\.\d\.\S+|output)", out)
     assert re.search(r"layers by mean share of the logit error .*: (layers\.\d\.\S+|output) [\d.]+%", out)
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
+    plain = cli("inspect", "--etdump", str(tmp_path / "etdump.etdp"), "--etrecord", str(tmp_path / "etrecord.bin"),
+                "--debug-buffer", str(tmp_path / "debug_buffer.bin"), "--gap", "--reference-graph", "float")
+    assert plain.returncode == 2 and "--float-model NAME" in plain.stderr, plain.stderr[-2000:]
     assert "id='qgen'" in html and html.count("<table class='heatmap'") == 3  # local, accumulated, share
     # inside ONNX Runtime delegates too: every layer of every call has its runtime value (the delegate's log)
     insp = Inspector(etdump_path=tmp_path / "etdump.etdp", etrecord=tmp_path / "etrecord.bin",

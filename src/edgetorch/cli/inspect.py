@@ -242,7 +242,9 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
                            "forward per layer and sample)")
                 df = with_output_impact(inspector, df, method)
     except EdgeTorchError as e:
-        raise CliError(str(e)) from None
+        hint = ("; a low-bit (torchao recipe) generation is compared per token and layer with --float-model NAME "
+                "(the zoo model it was quantized from)") if "holds no float program" in str(e) else ""
+        raise CliError(f"{e}{hint}") from None
     ranked = rank_quantization_culprits(df, args.worst)
     pos = {label: k for k, label in enumerate(df.index)}
     print_quant_table(console, df, f"quantization error per float op of '{method}' against the float model, graph "
