@@ -294,7 +294,7 @@ def find_fix(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: Any,
             raise RecipeError(f"find_fix: recipe {recipe_type!r} neither quantizes nor delegates: nothing to fix")
         candidates = (_quant_candidates(et, samples, top) if mode == "quantization"
                       else _delegate_candidates(et, samples, top))
-    cands = _merge_overlapping([list(c) for c in candidates])[:top]
+    cands = _top_layers(_merge_overlapping([list(c) for c in candidates]), top)
     say(f"{len(cands)} candidate(s): " + "; ".join("+".join(c) for c in cands))
     result = FixResult(mode, float(tolerance), cands, [base])
     if base.within or not cands:
@@ -302,6 +302,19 @@ def find_fix(model: torch.nn.Module, samples: Sequence[tuple], recipe_type: Any,
     _search(model, samples, evals, reference, recipe_type, recipe_options, option, base_kept, result,
             max_reexports, latency_repeats, say)
     return result
+
+
+def _top_layers(groups: list[list[str]], top: int) -> list[list[str]]:
+    """The groups of the first ``top`` layers: op groups count, a layer's activation group goes with it."""
+    out: list[list[str]] = []
+    ops = 0
+    for g in groups:
+        is_ops = not all(n.startswith(ACTIVATION) for n in g)
+        if is_ops and ops == top or not is_ops and ops == top:
+            break
+        out.append(g)
+        ops += is_ops
+    return out
 
 
 def _merge_overlapping(groups: list[list[str]]) -> list[list[str]]:
