@@ -37,3 +37,28 @@ def test_fix_argument_errors():
     assert r.returncode == 2 and "--tolerance must be positive" in r.stderr
     r = cli("fix", "--model", "mlp", "--outlier", "nope.weight", "--tolerance", "0.1")
     assert r.returncode == 2 and "--outlier 'nope.weight' is not a parameter" in r.stderr
+
+
+def test_fix_on_your_own_model_answers_in_module_paths(tmp_path):
+    (tmp_path / "my_model.py").write_text(
+        "import torch\n\n\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.encoder = torch.nn.Linear(16, 32)\n"
+        "        self.head = torch.nn.Linear(32, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.head(torch.relu(self.encoder(x)))\n\n\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    return Net(), (torch.randn(2, 16),)\n")
+    r = cli("fix", "--model", "my_model:build", "--outlier", "head.weight", "--tolerance", "0.05", "--samples", "3",
+            cwd=str(tmp_path))
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    if "already within tolerance" in r.stdout:
+        return
+    m = re.search(r"in the model's modules: keep (.*) in float", r.stdout)
+    assert r.returncode == 0 and m, r.stdout
+    assert "head (" in m.group(1)  # the module path, the graph node in brackets
+    bad = cli("fix", "--model", "my_model:nope", "--tolerance", "0.05", cwd=str(tmp_path))
+    assert bad.returncode == 2 and "cannot load the entry point" in bad.stderr

@@ -21,7 +21,8 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="mlp", help="zoo model (edgetorch.models.list_models())")
+    p.add_argument("--model", default="mlp", help="zoo model (edgetorch.models.list_models()) or your own: a "
+                   "Python entry point module:function returning (nn.Module, example inputs)")
     p.add_argument("--recipe", default="portable_int8_static_per_tensor",
                    help="export recipe: portable_int8_static_per_tensor|_per_channel, "
                         "onnxruntime_int8_static_per_tensor|_per_channel, onnxruntime_fp32")
@@ -64,13 +65,58 @@ def _samples(inputs: tuple, n: int, seed: int) -> list[tuple]:
 def _check(args: argparse.Namespace) -> None:
     from edgetorch.models import list_models
 
-    if args.model not in list_models():
-        raise CliError(f"--model {args.model!r} is not a zoo model; choose one of {', '.join(list_models())}")
+    if ":" not in args.model and args.model not in list_models():
+        raise CliError(f"--model {args.model!r} is not a zoo model (or a Python entry point module:function); "
+                       f"choose one of {', '.join(list_models())}")
     if not args.tolerance > 0:
         raise CliError(f"--tolerance must be positive, got {args.tolerance}")
     for flag in ("samples", "max_reexports", "top"):
         if getattr(args, flag) < 1:
             raise CliError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+
+
+def _load_model(spec: str):
+    """``(model, example inputs)``: a zoo model, or ``module:function`` (a Python entry point, imported from the
+    current directory or the path, called with no argument) returning ``(nn.Module, tuple of inputs)``."""
+    import importlib
+    import os
+    import sys
+
+    import torch
+
+    if ":" not in spec:
+        from edgetorch.models import get_model
+
+        return get_model(spec)
+    module, _, func = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise CliError(f"--model {spec!r}: cannot load the entry point ({type(e).__name__}: {e})") from e
+    got = fn()
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.nn.Module)
+            and isinstance(got[1], (tuple, list))):
+        raise CliError(f"--model {spec!r}: {func}() must return (torch.nn.Module, tuple of example inputs), got "
+                       f"{type(got).__name__}")
+    return got[0].eval(), tuple(got[1])
+
+
+def _module_names(model, inputs: tuple, kept: list[str]) -> list[str]:
+    """The fix in the model's terms: each kept node as its module path (``fc2``), the node name in brackets."""
+    from edgetorch.exir.quant_annotations import module_paths
+    from edgetorch.export.quantizer import capture_float_program
+    from edgetorch.workflows.fix import ACTIVATION
+
+    nodes = {n.name: n for n in capture_float_program(model, inputs).graph.nodes}
+    out = []
+    for k in kept:
+        name = k.removeprefix(ACTIVATION)
+        paths = [p for p in module_paths(nodes[name]) if p] if name in nodes else []
+        what = "output of " if k.startswith(ACTIVATION) else ""
+        out.append(f"{what}{paths[-1]} ({name})" if paths else f"{what}{name} (in the model's own forward)")
+    return out
 
 
 def _plant(model, name: str) -> None:
@@ -90,10 +136,9 @@ def _main(args: argparse.Namespace) -> int:
     recipe = _recipe(args.recipe)
     import time
 
-    from edgetorch.models import get_model
     from edgetorch.workflows.fix import find_fix
 
-    model, inputs = get_model(args.model)
+    model, inputs = _load_model(args.model)
     if args.outlier:
         _plant(model, args.outlier)
     samples = _samples(inputs, args.samples, args.seed)
@@ -109,6 +154,8 @@ def _main(args: argparse.Namespace) -> int:
     table["kept"] = [", ".join(k) if k else "-" for k in table["kept"]]
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(result.summary())
+    if result.fix and result.mode == "quantization":
+        print("in the model's modules: keep " + ", ".join(_module_names(model, inputs, result.fix)) + " in float")
     return 0 if result.proven or result.baseline.within else 1
 
 
