@@ -50,6 +50,7 @@ import pandas as pd
 import torch
 import torch.fx
 
+from edgetorch.devtools.inspector import noise as _noise
 from edgetorch.devtools.inspector._frame import GapFrame
 from edgetorch.devtools.inspector._graph_writes import is_uninitialised, is_view, written_in_place
 from edgetorch.devtools.inspector._recording_check import check_node_value
@@ -59,15 +60,7 @@ from edgetorch.devtools.inspector.comparators import (
     is_exact_dtype,
     mismatch_count,
 )
-from edgetorch.devtools.inspector.noise import (
-    floor_from_units,
-    noise_model_attrs,
-    op_noise,
-    quant_step,
-    rel_error,
-    step_floor,
-    verdict,
-)
+from edgetorch.devtools.inspector.noise import floor_from_units, noise_model_attrs, op_noise, rel_error, verdict
 from edgetorch.errors import ETRecordFormatError, InspectorError
 from edgetorch.exir.debug_handles import nodes_by_handle, source_location
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, KINDS, HandleGroup, OutputSource
@@ -482,7 +475,7 @@ def _scale_columns(ref: torch.Tensor, rt: torch.Tensor, lref: torch.Tensor | Non
     rel = None if exact_row else rel_error(ref, rt, equal=same)
     lrel = None if exact_row or lref is None else (rel if lref is ref else rel_error(lref, rt))
     floor = None if exact_row else floor_from_units(units, ref.dtype, delegated)
-    extra, within = step_floor(step, lref if lref is not None else ref, rt) if step and delegated else (0.0, False)
+    extra, within = _noise.step_floor(step, ref if lref is None else lref, rt) if step and delegated else (0.0, 0)
     floor = floor + extra if floor is not None else None
     v = verdict(lrel, floor, exact_row, lgap if lgap is not None else mismatches, rel)
     return {"rel_error": rel, "local_rel_error": lrel, "noise_floor": floor,
@@ -624,7 +617,7 @@ def _row(j: _Join, e: RuntimeEntry, h: int, ref: torch.Tensor, rt: torch.Tensor,
         lgap = compare_values(comparator, lref, rt)[0]
     node = j.last[h]
     scale = _scale_columns(ref, rt, lref if lgap is not None else None, metric, mismatches, lgap,
-                           j.walk.carry.get(node, 0.0), _delegated(e), same, quant_step(node))
+                           j.walk.carry.get(node, 0.0), _delegated(e), same, _noise.quant_step(node))
     return {
         "aot_debug_handle": tuple(group), "aot_ops": [n.name for x in group for n in j.nodes.get(x, [])],
         "aot_intermediate_output": ref, "runtime_ops": list(e.ops), "kind": e.group.kind,
