@@ -242,6 +242,8 @@ def test_exact_rows_report_mismatches_and_rank_first(tmp_path):
     i = next(k for k, m in zip(df.index, df["metric"], strict=True) if m == EXACT_METRIC)
     df.at[i, "gap"] = [0.5]
     df.at[i, "local_gap"] = [0.5]
+    df.at[i, "mismatches"] = 4  # what calculate_numeric_gap writes for a row with mismatching elements
+    df.at[i, "verdict"] = "real"
     assert run.inspector.first_divergence(df, threshold=-1e9)["aot_ops"] == df.at[i, "aot_ops"]
     assert run.inspector.find_culprits(df, top=1).index[0] == i
 
