@@ -70,6 +70,17 @@ def is_real(metric: str, local_gap: Any, gap: Any, local_rel: Any, rel: Any, flo
     return f is None or err > f
 
 
+def _row_is_real(verdict: Any, metric: str, *evidence: Any) -> bool:
+    """A row's verdict where ``calculate_numeric_gap`` gave one, else :func:`is_real` on its gaps. An exact row
+    judged "exact" or "noise" (an integer kernel's output within one quantization step) is not real, whatever its
+    mismatch count says."""
+    if verdict == "real":
+        return True
+    if metric == EXACT_METRIC and verdict in ("exact", "noise"):
+        return False
+    return is_real(metric, *evidence)
+
+
 def _explained_delegate_rows(df: pd.DataFrame, real: list[bool]) -> set[Any]:
     """DELEGATE_CALL rows whose compared reference op is also compared, and found wrong, by an inner row of
     the same call (the same tensor seen from inside, where the op is named). A delegate row whose inner row is
@@ -134,9 +145,8 @@ def find_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
         ratio.append(math.inf if err and not f else (err or 0.0) / f if f else 0.0)
     out["noise_ratio"] = ratio
     verdicts = df["verdict"] if "verdict" in df.columns else [None] * len(df)
-    real = [v == "real" if v in ("exact", "noise") and m == EXACT_METRIC else v == "real" or is_real(m, *a)
-            for v, m, *a in zip(verdicts, df["metric"], df["local_gap"], df["gap"], df["local_rel_error"],
-                                df["rel_error"], df["noise_floor"])]
+    real = [_row_is_real(v, m, *a) for v, m, *a in zip(verdicts, df["metric"], df["local_gap"], df["gap"],
+                                                        df["local_rel_error"], df["rel_error"], df["noise_floor"])]
     explained = _explained_delegate_rows(df, real) | _observer_explained(df, real)
     keep = [i for i, r in zip(df.index, real) if r and i not in explained]
     out = out.loc[keep]
