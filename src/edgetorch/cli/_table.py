@@ -223,3 +223,41 @@ class Steps:
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class Ticker:
+    """Progress inside one long step, k of ``total`` (tokens, partitions): ``with Ticker(console, 32, "token") as
+    t: ... t.tick(k)``. On a terminal a transient rich line; elsewhere a plain ``  token 12/32 (3.1 s)`` line at
+    most every ``every_s`` seconds, so a step shorter than that prints nothing more (logs stay as they were)."""
+
+    def __init__(self, console: Console, total: int, what: str, every_s: float = 2.0) -> None:
+        self.console, self.total, self.what, self.every_s = console, total, what, every_s
+        self._progress: Any = None
+        self._task: Any = None
+        self._t0 = self._last = time.perf_counter()
+
+    def __enter__(self) -> Ticker:
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn(escape(f"  {self.what}")), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=self.console, transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task("", total=self.total)
+        return self
+
+    def tick(self, k: int) -> None:
+        """The k-th item (from 0) is done."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=k + 1)
+            return
+        now = time.perf_counter()
+        if now - self._last >= self.every_s and k + 1 < self.total:
+            self._last = now
+            self.console.print(f"  {self.what} {k + 1}/{self.total} ({now - self._t0:.1f} s)", highlight=False,
+                               markup=False)
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+

@@ -91,6 +91,7 @@ def _main(args: argparse.Namespace) -> int:
     _check(args)
     import torch
 
+    from edgetorch.cli._table import Ticker, table_console
     from edgetorch.models import get_spec
     from edgetorch.models.generation import greedy_generate_with_logits
     from edgetorch.models.llama import example_prompt
@@ -116,7 +117,9 @@ def _main(args: argparse.Namespace) -> int:
                                       debug_buffer_size="auto" if args.etdump else 0)
     prefill, decode = prog.load_method("prefill"), prog.load_method("decode")
     t0 = time.perf_counter()
-    got = greedy_generate_with_logits(prefill.execute, decode.execute, prompt, args.tokens)
+    with Ticker(table_console(), args.tokens, "token") as ticker:
+        got = greedy_generate_with_logits(prefill.execute, decode.execute, prompt, args.tokens,
+                                          on_token=lambda k, _tok: ticker.tick(k))
     dt = time.perf_counter() - t0
     print("[4/4] the same with eager PyTorch", flush=True)
     with torch.no_grad():

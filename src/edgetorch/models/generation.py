@@ -80,12 +80,14 @@ def greedy_generate_with_logits(
     *,
     max_seq_len: int | None = None,
     eos_token_id: int | None = None,
+    on_token: Callable[[int, int], None] | None = None,
 ) -> GenerationResult:
     """Greedy decoding that also records every step's logits.
 
     Calls ``prefill(prompt, arange(T))`` once, then ``decode(tok (1, 1), tensor([pos]))``
     for each new token but the last (positions ``T, T+1, ...``). Stops early after
     ``eos_token_id`` if given. ``max_seq_len`` (optional) validates the cache bound.
+    ``on_token(k, token)`` (optional) is called as the k-th new token (from 0) is chosen: progress.
     """
     _check_inputs(prompt, max_new_tokens, max_seq_len)
     prompt = prompt.to(torch.long)
@@ -97,6 +99,8 @@ def greedy_generate_with_logits(
         token = int(row.argmax())
         result.tokens.append(token)
         result.step_logits.append(row)
+        if on_token is not None:
+            on_token(step, token)
         if step == max_new_tokens - 1 or token == eos_token_id:
             break
         pos = torch.tensor([length + step], dtype=torch.long)
