@@ -20,12 +20,13 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "edgetorch"
 
 #: top-level sub-package -> the sub-packages it may import (besides itself)
-_BOTTOM = {"errors", "_fileio", "_version", "_hooks", "_quiet"}
+_BOTTOM = {"errors", "_fileio", "_version", "_hooks", "_quiet", "_progress"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "_version": set(),
     "_hooks": set(),
     "_quiet": set(),
+    "_progress": set(),
     "_fileio": {"errors"},
     "formats": _BOTTOM,
     "exir": _BOTTOM | {"formats"},

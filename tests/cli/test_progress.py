@@ -54,3 +54,40 @@ def test_on_token_sees_every_token_in_order() -> None:
         want.append(tok)
         tok = int(table[tok].argmax())
     assert res.tokens == want
+
+
+def test_library_notes_reach_the_cli_step_and_the_progress_logger(caplog) -> None:  # noqa: ANN001
+    import logging
+    import time
+
+    from edgetorch import _progress
+    from edgetorch.cli._table import Steps
+
+    console, buf = _plain_console()
+    with caplog.at_level(logging.INFO, logger=_progress.LOGGER_NAME):
+        with Steps(console, total=1) as steps:
+            steps.next("lowering")
+            _progress.note("too soon to show")  # within a second of the step's own line
+            steps._last_line = time.perf_counter() - 5.0  # the step has been quiet for a while
+            _progress.note("partition 1/2: ONNX export")
+        _progress.note("after the block")  # no listener left
+    lines = [line.strip() for line in buf.getvalue().splitlines()]
+    assert lines[0].startswith("[1/1] lowering")
+    assert len(lines) == 2 and lines[1].startswith("partition 1/2: ONNX export (")
+    assert [r.getMessage() for r in caplog.records if r.name == _progress.LOGGER_NAME] == [
+        "too soon to show", "partition 1/2: ONNX export", "after the block"]
+
+
+def test_a_failing_listener_is_dropped_not_the_step() -> None:
+    from edgetorch import _progress
+
+    calls: list[str] = []
+
+    def broken(message: str) -> None:
+        calls.append(message)
+        raise RuntimeError("listener bug")
+
+    with _progress.listening(broken):
+        _progress.note("one")
+        _progress.note("two")
+    assert calls == ["one"]

@@ -198,9 +198,26 @@ class Steps:
         self.console, self.total, self.k = console, total, 0
         self._progress: Any = None
         self._task: Any = None
-        self._t0 = time.perf_counter()
+        self._t0 = self._last_line = time.perf_counter()
+        self._label = ""
+        self._listening: Any = None
+
+    def _sub_step(self, message: str) -> None:
+        """A library ``edgetorch._progress.note`` inside the current step: beside its label on a terminal; a
+        plain indented line elsewhere, at most one a second (a fast step adds nothing)."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=escape(f"{self._label}: {message}"))
+            return
+        now = time.perf_counter()
+        if now - self._last_line >= 1.0:
+            self._last_line = now
+            self.console.print(f"    {message} ({now - self._t0:.1f} s)", highlight=False, markup=False)
 
     def __enter__(self) -> Steps:
+        from edgetorch import _progress
+
+        self._listening = _progress.listening(self._sub_step)
+        self._listening.__enter__()
         if self.console.is_terminal:
             from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -212,7 +229,8 @@ class Steps:
 
     def next(self, what: str) -> None:
         self.k += 1
-        label = f"[{self.k}/{self.total}] {what}"
+        label = self._label = f"[{self.k}/{self.total}] {what}"
+        self._last_line = time.perf_counter()
         if self._progress is not None:
             self._progress.update(self._task, completed=self.k - 1, description=escape(label))
         else:
@@ -221,6 +239,8 @@ class Steps:
                 self.console.file.flush()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._listening is not None:
+            self._listening.__exit__(et, ev, tb)
         if self._progress is not None:
             self._progress.stop()
 
