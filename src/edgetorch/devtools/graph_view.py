@@ -17,12 +17,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch.fx
+from typing import TYPE_CHECKING, Any
 
 from edgetorch.errors import EdgeTorchError
-from edgetorch.exir.debug_handles import get_debug_handle, source_location
+
+if TYPE_CHECKING:  # torch is imported where a graph module is read: the report imports this module without it
+    import torch.fx
 
 __all__ = ["GraphViewError", "GraphNode", "Partition", "EdgeGraph", "partitions_of", "graph_from_module",
            "extract_graph", "Placed", "Layout", "paginate", "layout", "rows_for_nodes"]
@@ -121,6 +121,8 @@ def _edge_module(etrecord: Any, method: str) -> torch.fx.GraphModule:
 def graph_from_module(gm: torch.fx.GraphModule, method: str = "forward",
                       partitions: dict[str, Partition] | None = None, group_by_handle: bool = True) -> EdgeGraph:
     """The drawable graph of an FX graph module (see the module docstring)."""
+    import torch.fx
+
     partitions = partitions or {}
     part_of = {h: p.id for p in partitions.values() for h in p.handles}
     alias: dict[str, str | None] = {}  # fx node name -> graph node id (None: left out)
@@ -137,6 +139,8 @@ def graph_from_module(gm: torch.fx.GraphModule, method: str = "forward",
 
 def _add_node(n: torch.fx.Node, nodes: dict[str, GraphNode], alias: dict[str, str | None],
               part_of: dict[int, str], group_by_handle: bool) -> str:
+    from edgetorch.exir.debug_handles import get_debug_handle, source_location
+
     inputs = [alias.get(a.name) for a in n.all_input_nodes]
     if n.op == "placeholder":
         node = GraphNode(n.name, n.name, kind="input", names=[n.name])  # labelled with the input's name
