@@ -3,8 +3,11 @@ side (``edgetorch.export.quantizer``, which annotates) and the developer tools (
 Inspector, the ETRecord's float graphs) read, kept below both.
 
 - ``ANNOTATED_OPS``: every ATen op the quantizer may annotate (so an exclusion can keep it float);
-  ``WEIGHTED_OPS`` (conv/linear) and ``FUSED_ACTIVATION_OPS`` (``relu``/``hardtanh`` fused into the weighted op
-  before them: only the activation's output is quantized).
+  ``WEIGHTED_OPS`` (conv/linear: ``op(x, weight, ...)``), ``MATMUL_WEIGHTED_OPS`` (``addmm(bias, x, weight)``
+  with a ``(in, out)`` weight: Hugging Face's ``Conv1D`` in GPT-2) and ``FUSED_ACTIVATION_OPS``
+  (``relu``/``hardtanh`` fused into the weighted op before them: only the activation's output is quantized);
+  ``data_arg(node)`` / ``weight_arg(node)`` / ``weight_channel_axis(node)``: where a weighted op reads its data
+  and its weight, and the weight's output-channel axis.
 - ``float_handle(node)``: the PT2E numeric debug handle (``meta["custom"]["numeric_debug_handle"]``, torchao's
   key) a node of a quantized program keeps from the float op it comes from;
   ``float_handles_as_debug_handles(ep)`` turns those into edgetorch debug handles on a float program.
@@ -21,8 +24,9 @@ from torch.fx import Node
 
 from edgetorch.exir.debug_handles import set_debug_handle
 
-__all__ = ["ANNOTATED_OPS", "CUSTOM_KEY", "FUSED_ACTIVATION_OPS", "NUMERIC_DEBUG_HANDLE_KEY", "WEIGHTED_OPS",
-           "ADD_OPS", "POOL_OPS", "float_handle", "float_handles_as_debug_handles", "module_paths"]
+__all__ = ["ANNOTATED_OPS", "CUSTOM_KEY", "FUSED_ACTIVATION_OPS", "MATMUL_WEIGHTED_OPS", "NUMERIC_DEBUG_HANDLE_KEY",
+           "WEIGHTED_OPS", "ADD_OPS", "POOL_OPS", "data_arg", "float_handle", "float_handles_as_debug_handles",
+           "module_paths", "weight_arg", "weight_channel_axis"]
 
 #: torchao's ``meta`` keys of the PT2E numeric debug handle (``torchao.quantization.pt2e.CUSTOM_KEY`` /
 #: ``NUMERIC_DEBUG_HANDLE_KEY``; tests/export/test_quant_annotations.py checks they still agree)
@@ -32,6 +36,9 @@ NUMERIC_DEBUG_HANDLE_KEY = "numeric_debug_handle"
 aten = torch.ops.aten
 #: conv/linear: annotated with their weight (and fused with an activation after them)
 WEIGHTED_OPS = frozenset({aten.conv1d.default, aten.conv2d.default, aten.linear.default})
+#: matrix products with a weight: ``addmm(bias, x, weight)``, ``weight`` of shape ``(in, out)`` (Hugging Face's
+#: ``Conv1D``: GPT-2's attention and MLP projections); annotated when ``weight`` is a constant (``get_attr``)
+MATMUL_WEIGHTED_OPS = frozenset({aten.addmm.default})
 #: activations fused into the conv/linear before them
 FUSED_ACTIVATION_OPS = frozenset({aten.relu.default, aten.relu_.default, aten.hardtanh.default,
                                   aten.hardtanh_.default})
@@ -40,7 +47,24 @@ ADD_OPS = frozenset({aten.add.Tensor, aten.add_.Tensor})
 #: pools (static modes: the output shares the input's parameters)
 POOL_OPS = frozenset({aten.max_pool2d.default, aten.avg_pool2d.default, aten.adaptive_avg_pool2d.default})
 #: every op the quantizer may annotate (and an exclusion can therefore keep float)
-ANNOTATED_OPS = WEIGHTED_OPS | FUSED_ACTIVATION_OPS | ADD_OPS | POOL_OPS
+ANNOTATED_OPS = WEIGHTED_OPS | MATMUL_WEIGHTED_OPS | FUSED_ACTIVATION_OPS | ADD_OPS | POOL_OPS
+
+
+def data_arg(node: Node) -> int:
+    """The argument index of the data input of a weighted op (``addmm``: 1, conv/linear: 0)."""
+    return 1 if node.target in MATMUL_WEIGHTED_OPS else 0
+
+
+def weight_arg(node: Node) -> int | None:
+    """The argument index of the weight of a weighted op (``addmm``: 2, conv/linear: 1), None for other ops."""
+    if node.target in MATMUL_WEIGHTED_OPS:
+        return 2
+    return 1 if node.target in WEIGHTED_OPS else None
+
+
+def weight_channel_axis(node: Node) -> int:
+    """The output-channel axis of a weighted op's weight (``addmm``'s ``(in, out)`` weight: 1, else 0)."""
+    return 1 if node.target in MATMUL_WEIGHTED_OPS else 0
 
 
 def module_paths(node: Node) -> list[str]:

@@ -2,9 +2,11 @@
 
 Weights are int8 in [-127, 127], symmetric (per output channel or per tensor); activations are int8 in
 [-128, 127], affine per tensor, observed statically during calibration or computed at run time (dynamic).
-Patterns annotated: ``conv1d/conv2d`` and ``linear`` (each optionally followed by ``relu``/``hardtanh``, which
-are then fused: only the activation's output is quantized), and for static modes also ``add`` (+ ``relu``)
-and ``max_pool2d`` / ``avg_pool2d`` / ``adaptive_avg_pool2d`` (output shares the input's parameters).
+Patterns annotated: ``conv1d/conv2d``, ``linear`` and ``addmm`` with a constant weight (Hugging Face's ``Conv1D``,
+GPT-2's projections; its ``(in, out)`` weight quantized per column when per channel), each optionally followed by
+``relu``/``hardtanh``, which are then fused: only the activation's output is quantized), and for static modes
+also ``add`` (+ ``relu``) and ``max_pool2d`` / ``avg_pool2d`` / ``adaptive_avg_pool2d`` (output shares the input's
+parameters).
 Everything else stays in float; biases stay float.
 
 Bias correction (``bias_correction=True``, the default for static quantization; Nagel et al. 2019, "Data-Free
@@ -49,11 +51,15 @@ from edgetorch.exir.quant_annotations import (
     ADD_OPS,
     ANNOTATED_OPS,
     FUSED_ACTIVATION_OPS,
+    MATMUL_WEIGHTED_OPS,
     POOL_OPS,
     WEIGHTED_OPS,
+    data_arg,
     float_handle,
     float_handles_as_debug_handles,
     module_paths,
+    weight_arg,
+    weight_channel_axis,
 )
 
 __all__ = ["ANNOTATED_OPS", "FUSED_ACTIVATION_OPS", "WEIGHTED_OPS", "SymmetricQuantizationConfig",
@@ -126,10 +132,11 @@ class SymmetricQuantizationConfig:
         return QuantizationSpec(dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_affine,
                                 is_dynamic=self.dynamic, observer_or_fake_quant_ctr=ctr)
 
-    def weight_spec(self) -> QuantizationSpec:
+    def weight_spec(self, ch_axis: int = 0) -> QuantizationSpec:
+        """The weight's spec; ``ch_axis``: its output-channel axis (per channel)."""
         if self.per_channel:
             return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127,
-                                    qscheme=torch.per_channel_symmetric, ch_axis=0,
+                                    qscheme=torch.per_channel_symmetric, ch_axis=ch_axis,
                                     observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=_EPS))
         return QuantizationSpec(dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_tensor_symmetric,
                                 observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=_EPS))
@@ -271,8 +278,9 @@ class SymmetricInt8Quantizer(Quantizer):
         act, weight = cfg.activation_spec(), cfg.weight_spec()
         nodes = [n for n in model.graph.nodes if n.op == "call_function" and not cfg.excludes(n)]
         for n in nodes:
-            if n.target in WEIGHTED_OPS and not _is_annotated(n):
-                self._annotate_weighted(n, act, weight)
+            if n.target in WEIGHTED_OPS | MATMUL_WEIGHTED_OPS and not _is_annotated(n):
+                self._annotate_weighted(n, act, weight if n.target in WEIGHTED_OPS else
+                                        cfg.weight_spec(weight_channel_axis(n)))
         if cfg.dynamic:
             return model
         for n in nodes:
@@ -287,9 +295,14 @@ class SymmetricInt8Quantizer(Quantizer):
         return model
 
     def _annotate_weighted(self, n: Node, act: QuantizationSpec, weight: QuantizationSpec) -> None:
-        x, w = n.args[0], n.args[1]
+        wi = weight_arg(n)
+        if wi is None or len(n.args) <= wi:
+            return
+        x, w = n.args[data_arg(n)], n.args[wi]
         if not (_is_float_tensor(x) and _is_float_tensor(w)):
             return
+        if n.target in MATMUL_WEIGHTED_OPS and (w.op != "get_attr" or n.kwargs):  # a product of two activations,
+            return  # or a scaled addmm (beta/alpha): left float
         inputs: dict = {x: act, w: weight}
         if self.config.dynamic:  # dynamic: quantize the input at run time, keep the output float
             _annotate(n, inputs)
@@ -318,7 +331,8 @@ def _is_qdq(n: Node) -> bool:
 def _weight_qdq(op: Node) -> tuple[Node, Node] | None:
     """``(quantize, dequantize)`` of ``op``'s weight when it reads ``dequantize(quantize(get_attr))`` (a
     ``convert_pt2e(..., fold_quantize=False)`` module), else None."""
-    dq = op.args[1] if len(op.args) > 1 else None
+    wi = weight_arg(op)
+    dq = op.args[wi] if wi is not None and len(op.args) > wi else None
     if not isinstance(dq, Node) or not _is_qdq(dq) or "dequantize" not in str(dq.target) or not dq.args:
         return None
     q = dq.args[0]
@@ -337,8 +351,8 @@ def correct_biases(gm: GraphModule, samples: Iterable[tuple]) -> dict[str, str |
     restore its bias."""
     from torch.fx.interpreter import Interpreter
 
-    targets = {op: qdq for op in gm.graph.nodes
-               if op.op == "call_function" and op.target in WEIGHTED_OPS and (qdq := _weight_qdq(op)) is not None}
+    targets = {op: qdq for op in gm.graph.nodes if op.op == "call_function" and op.target in
+               WEIGHTED_OPS | MATMUL_WEIGHTED_OPS and (qdq := _weight_qdq(op)) is not None}
     def const(a: object) -> object:
         return _attr(gm, a.target) if isinstance(a, Node) and a.op == "get_attr" else a
 
@@ -358,8 +372,11 @@ def correct_biases(gm: GraphModule, samples: Iterable[tuple]) -> dict[str, str |
             out = super().run_node(n)
             if n in errors:
                 args, kwargs = self.fetch_args_kwargs_from_env(n)
-                err = n.target(args[0], errors[n], None, *args[3:], **kwargs)
-                ch = err.dim() - 1 if n.target == aten.linear.default else 1
+                if n.target in MATMUL_WEIGHTED_OPS:  # addmm(bias, x, W): the error of x @ W
+                    err = torch.mm(args[1], errors[n])
+                else:
+                    err = n.target(args[0], errors[n], None, *args[3:], **kwargs)
+                ch = err.dim() - 1 if n.target in MATMUL_WEIGHTED_OPS | {aten.linear.default} else 1
                 mean = err.double().mean(dim=[d for d in range(err.dim()) if d != ch])
                 sums[n] = sums[n] + mean if n in sums else mean
             return out
@@ -370,7 +387,8 @@ def correct_biases(gm: GraphModule, samples: Iterable[tuple]) -> dict[str, str |
             count += 1
     corrections: dict[str, str | None] = {}
     for i, (op, total) in enumerate(sums.items()):
-        bias = op.args[2] if len(op.args) > 2 else None
+        bi = 0 if op.target in MATMUL_WEIGHTED_OPS else 2
+        bias = op.args[bi] if len(op.args) > bi else None
         if bias is not None and not (isinstance(bias, Node) and bias.op == "get_attr"):
             continue  # a computed bias: left alone
         old = _attr(gm, bias.target) if bias is not None else torch.zeros(total.shape[0])
@@ -382,7 +400,7 @@ def correct_biases(gm: GraphModule, samples: Iterable[tuple]) -> dict[str, str |
             node = gm.graph.get_attr(name)
         node.meta["val"] = getattr(gm, name)
         args = list(op.args) + [None] * (3 - len(op.args))
-        args[2] = node
+        args[bi] = node
         op.args = tuple(args)
         corrections[op.name] = bias.name if bias is not None else None
     gm.meta[_BIAS_CORRECTIONS_KEY] = corrections

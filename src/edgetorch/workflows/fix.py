@@ -176,14 +176,14 @@ def _quant_candidates(et: Any, samples: list[tuple], top: int) -> list[list[str]
 def _activations(fgm: torch.fx.GraphModule, ops: list[str]) -> list[str]:
     """The activations of a layer (node names of the float graph): the data inputs of its ops from outside the
     layer (not weights or biases: ``get_attr`` and parameter placeholders) and its outputs read outside it."""
-    from edgetorch.exir.quant_annotations import WEIGHTED_OPS
+    from edgetorch.exir.quant_annotations import data_arg, weight_arg
 
     by_name = {n.name: n for n in fgm.graph.nodes}
     group = [by_name[o] for o in ops if o in by_name]
     params = {n for n in fgm.graph.nodes if n.op == "get_attr"}
     out: list[str] = []
     for n in group:
-        data = n.args[:1] if n.target in WEIGHTED_OPS else n.args
+        data = n.args[data_arg(n):data_arg(n) + 1] if weight_arg(n) is not None else n.args
         for a in data:
             if isinstance(a, torch.fx.Node) and a not in group and a not in params and not _is_parameter(a):
                 out.append(a.name)

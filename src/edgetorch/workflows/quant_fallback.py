@@ -403,7 +403,7 @@ class _FakeQuant:
                     saved.setdefault(u, (u.args, u.kwargs))
                 dq.replace_all_uses_with(q.args[0])
         for op, bias in self.biases.items():
-            if op in saved and _DQ not in str(getattr(op.args[1], "target", "")):  # its weight now float
+            if op in saved and op.target in WEIGHTED_OPS and _DQ not in str(getattr(op.args[1], "target", "")):
                 op.args = (*op.args[:2], bias, *op.args[3:])
         self.gm.recompile()
         try:
