@@ -415,7 +415,8 @@ class Method:
         blob = memoryview(loaded.buffer)[loaded.segment_base + off:loaded.segment_base + off + size]
         backend = get_backend(d.backend_id)
         try:
-            handle = backend.init(blob, dict(d.compile_specs))
+            named = {"named_data": loaded.named_data} if getattr(backend, "reads_named_data", False) else {}
+            handle = backend.init(blob, dict(d.compile_specs), **named)
         except Exception as e:
             raise ProgramFormatError(f"method '{self.name}': delegate {c.delegate_index} of backend "
                                      f"'{d.backend_id}' (instruction {k}, {ins.node_name}) failed to load: {e}",
