@@ -1,4 +1,4 @@
-"""``edgetorch inspect --gap --reference-graph float --float-model llama_tiny --report`` on a ``generate --recipe
+"""``edgetorch inspect --gap --reference-graph float [--float-model llama_tiny] --report`` on a ``generate --recipe
 {portable,onnxruntime}_torchao_8da4w --etdump`` recording: per call the greedy tokens and logits SQNR against the
 float model (equal to what ``generate`` measured against the float model on its own), the first call whose greedy
 choice differs, the layer most responsible and the heat-map report; inside ONNX Runtime delegates too."""
@@ -42,9 +42,14 @@ def test_inspect_low_bit_generation_against_the_float_model(tmp_path, recipe):
     assert re.search(r"layer most responsible: (layers\.\d\.\S+|output)", out)
     assert re.search(r"layers by mean share of the logit error .*: (layers\.\d\.\S+|output) [\d.]+%", out)
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
+    # without --float-model: the float program the recipe recorded in the ETRecord, the same figures
     plain = cli("inspect", "--etdump", str(tmp_path / "etdump.etdp"), "--etrecord", str(tmp_path / "etrecord.bin"),
                 "--debug-buffer", str(tmp_path / "debug_buffer.bin"), "--gap", "--reference-graph", "float")
-    assert plain.returncode == 2 and "--float-model NAME" in plain.stderr, plain.stderr[-2000:]
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert "against the float model (the ETRecord's float program)" in plain.stdout
+    plain_calls = re.findall(r"call +(\d+) (prefill|decode) +token (\d+) \(float (\d+)\), logits SQNR ([\d.]+) dB",
+                             " ".join(plain.stdout.split()))
+    assert plain_calls == calls
     assert "id='qgen'" in html and html.count("<table class='heatmap'") == 3  # local, accumulated, share
     # inside ONNX Runtime delegates too: every layer of every call has its runtime value (the delegate's log)
     insp = Inspector(etdump_path=tmp_path / "etdump.etdp", etrecord=tmp_path / "etrecord.bin",

@@ -37,7 +37,8 @@ def _plant_outliers(model: torch.nn.Module, path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def recording(tmp_path_factory):
+    """The planted model, recipe, prompt, runtime tokens and the directory of the .pte, ETRecord and ETDump."""
     torch.manual_seed(0)
     model = build_llama_tiny().eval()
     _plant_outliers(model, PLANTED)
@@ -47,15 +48,26 @@ def recorded(tmp_path_factory):
                      dynamic_shapes=llama_dynamic_shapes(model.config), generate_etrecord=True)
     d = tmp_path_factory.mktemp("q4gen")
     session.get_executorch_program_manager().save(str(d / "model.pte"))
+    prompt = example_prompt(model.config, PROMPT)
+    with torch.no_grad():  # the eager model runs before the ETRecord is saved: its cache holds this prompt
+        model.prefill(prompt, torch.arange(PROMPT))
     session.get_etrecord().save(str(d / "etrecord.bin"))
     prog = Runtime.get().load_program(str(d / "model.pte"), enable_etdump=True, debug_buffer_size="auto")
-    prompt = example_prompt(model.config, PROMPT)
     got = greedy_generate_with_logits(prog.load_method("prefill").execute, prog.load_method("decode").execute,
                                       prompt, TOKENS)
     prog.write_etdump_result_to_file(str(d / "etdump.etdp"), str(d / "debug_buffer.bin"))
-    insp = Inspector(etdump_path=d / "etdump.etdp", etrecord=d / "etrecord.bin",
+    return model, recipe, prompt, got.tokens, d
+
+
+def _inspector(d):
+    return Inspector(etdump_path=d / "etdump.etdp", etrecord=d / "etrecord.bin",
                      debug_buffer_path=d / "debug_buffer.bin")
-    return model, recipe, prompt, got.tokens, insp.quantized_generation_table(copy.deepcopy(model), impact=True)
+
+
+@pytest.fixture(scope="module")
+def recorded(recording):
+    model, recipe, prompt, tokens, d = recording
+    return model, recipe, prompt, tokens, _inspector(d).quantized_generation_table(copy.deepcopy(model), impact=True)
 
 
 class _Capture:
@@ -178,3 +190,42 @@ def test_report_heat_maps_token_by_layer(recorded, tmp_path):
             else:
                 assert unit == " dB" and text == f"{v:.1f}" and colour == sqnr_colour(v)
     assert sqnr_colour(0.0) == "#ff5060" and sqnr_colour(40.0) == "#50ff60" and sqnr_colour(float("nan")) == "#dddddd"
+
+
+def test_the_etrecord_float_program_gives_the_same_table(recording, recorded):
+    """No float model passed: the float programs the torchao-recipe export recorded (prefill and decode, one copy
+    of the weights, the KV cache as the runtime started from although the eager model ran before the ETRecord
+    was saved) give exactly the table the float model gives."""
+    from edgetorch.devtools.etrecord import parse_etrecord
+
+    *_, d = recording
+    *_, want = recorded
+    got = _inspector(d).quantized_generation_table(impact=True)
+    assert list(got.columns) == list(want.columns) and len(got) == len(want)
+    for c in ("sqnr_db", "local_sqnr_db", "logit_share"):
+        assert got[c].tolist() == pytest.approx(want[c].tolist(), abs=1e-5, nan_ok=False), c
+    assert got.attrs["tokens"].equals(want.attrs["tokens"])
+    for k in ("first_divergence", "responsible_layer"):
+        assert got.attrs[k] == want.attrs[k]
+    rec = parse_etrecord(str(d / "etrecord.bin"))
+    assert {"float/prefill", "float/decode"} <= set(rec.graph_map_names())
+    pre, dec = rec.graph_map["float/prefill"], rec.graph_map["float/decode"]
+    w = "layers.0.attention.wq.weight"
+    assert pre.state_dict[w].data_ptr() == dec.state_dict[w].data_ptr()  # stored once, read once
+    model = recording[0]
+    assert torch.equal(pre.state_dict[w], model.get_submodule("layers.0.attention.wq").weight)
+
+
+def test_no_float_program_no_float_model_says_what_to_pass(recording, tmp_path):
+    """An ETRecord without float programs (exported before they were recorded): the error names both remedies."""
+    from edgetorch.devtools.etrecord import parse_etrecord
+    from edgetorch.errors import InspectorError
+
+    *_, d = recording
+    rec = parse_etrecord(str(d / "etrecord.bin"))
+    rec.graph_map = {k: v for k, v in rec.graph_map.items() if not k.startswith("float/")}
+    rec.save(str(tmp_path / "etrecord.bin"))
+    insp = Inspector(etdump_path=d / "etdump.etdp", etrecord=tmp_path / "etrecord.bin",
+                     debug_buffer_path=d / "debug_buffer.bin")
+    with pytest.raises(InspectorError, match=r"no float program .*float_model="):
+        insp.quantized_generation_table()

@@ -1,6 +1,7 @@
-"""``edgetorch inspect --gap --reference-graph float --float-model NAME``: a low-bit generation recorded with
-``generate --recipe ... --etdump`` against the float zoo model it was quantized from (seeded weights, rebuilt by
-name), per token and per quantized layer (``devtools.inspector.quantized_generation``)."""
+"""``edgetorch inspect --gap --reference-graph float [--float-model NAME]``: a low-bit generation recorded with
+``generate --recipe ... --etdump`` against the float model it was quantized from, per token and per quantized layer
+(``devtools.inspector.quantized_generation``): the float program its ETRecord holds (a torchao-recipe export records
+it), or with ``--float-model`` the zoo model rebuilt by name (seeded weights)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def _db(v: float) -> str:
     return "-" if v != v else ("inf" if math.isinf(v) and v > 0 else f"{v:.1f}")
 
 
-def print_quantized_generation(inspector: Any, model_name: str, console: Any, impact: bool = False) -> Any:
+def print_quantized_generation(inspector: Any, model_name: str | None, console: Any, impact: bool = False) -> Any:
     """Prints the per-token summary and the worst layers (with ``impact``: their mean share of the logit error);
     returns the table (token x layer, long form)."""
     from edgetorch.cli._common import CliError
@@ -22,8 +23,10 @@ def print_quantized_generation(inspector: Any, model_name: str, console: Any, im
     from edgetorch.errors import EdgeTorchError
     from edgetorch.models import get_spec
 
+    model = None
     try:
-        model = get_spec(model_name).build().eval()
+        if model_name is not None:
+            model = get_spec(model_name).build().eval()
     except (KeyError, ValueError, EdgeTorchError) as e:
         raise CliError(f"--float-model {model_name!r}: {e}") from None
     try:
@@ -34,7 +37,8 @@ def print_quantized_generation(inspector: Any, model_name: str, console: Any, im
     def say(line: str) -> None:
         console.print(line, highlight=False, markup=False)
 
-    say(f"quantized generation against the float model {model_name} (teacher-forced on the runtime's inputs)")
+    which = model_name if model_name is not None else "(the ETRecord's float program)"
+    say(f"quantized generation against the float model {which} (teacher-forced on the runtime's inputs)")
     per_token = df.groupby("execution", sort=True)
     for t in df.attrs["tokens"].itertuples():
         rows = per_token.get_group(t.execution)

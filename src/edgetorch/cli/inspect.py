@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "every recorded sample")
     p.add_argument("--float-model", dest="float_model", default=None, metavar="NAME",
                    help="with --reference-graph float: the zoo model a low-bit `generate --recipe ... --etdump` "
-                        "recording was quantized from: per token and per layer, its quantization error")
+                        "recording was quantized from: per token and per layer, its quantization error (default: "
+                        "the float program the ETRecord of a torchao-recipe export holds)")
     p.add_argument("--worst", type=int, default=5, metavar="N",
                    help="with --reference-graph float: how many worst layers to list (default 5)")
     p.add_argument("--impact", action="store_true",
@@ -181,7 +182,8 @@ def _main(args: argparse.Namespace) -> int:
         method = "forward" if "forward" in methods or not methods else methods[0]
 
     gap_df, culprits, quant_df, generation_df = None, None, None, None
-    if args.gap is not None and args.reference_graph == "float" and getattr(args, "float_model", None):
+    if args.gap is not None and args.reference_graph == "float" and (getattr(args, "float_model", None)
+                                                                      or _is_low_bit(inspector)):
         from edgetorch.cli import _quant_generation as qg
 
         qdf = qg.print_quantized_generation(inspector, args.float_model, console, impact=args.impact)
@@ -219,6 +221,17 @@ _QUANT_TSV = ("aot_ops", "module", "sqnr_db", "local_sqnr_db", "rmse_over_scale"
 def _quant_tsv(df: Any) -> bytes:
     flat = df[[c for c in _QUANT_TSV if c in df.columns]].copy()
     return _tsv(flat)
+
+
+def _is_low_bit(inspector: Any) -> bool:
+    """Whether the recording's program holds low-bit layers (a torchao recipe): compared per token and layer."""
+    from edgetorch.devtools.inspector.quantized_generation import has_low_bit_layers
+    from edgetorch.errors import EdgeTorchError
+
+    try:
+        return has_low_bit_layers(inspector)
+    except EdgeTorchError:
+        return False
 
 
 def _float_table(inspector: Any, args: argparse.Namespace, method: str, console: Any, steps: Any) -> Any:

@@ -315,6 +315,7 @@ class ExportSession:
         self._stage_to_artifacts = {}
         self._durations_ms = {}
         self._program = None
+        self._lowbit_floats = self._capture_lowbit_floats()
         artifact = PipelineArtifact(self._model, self._run_context)
         for stage_type in self._pipeline_stages:
             stage = self._stage_registry[stage_type]
@@ -464,9 +465,37 @@ class ExportSession:
         inputs = {m: [s[0]] for m, s in self._example_inputs.items() if s and m in et.methods}
         if record is not None and inputs:
             record.update_representative_inputs(inputs)
-        floats = self._stage_to_artifacts[StageType.TO_EXECUTORCH].get_context("float_programs")
+        floats = self._stage_to_artifacts[StageType.TO_EXECUTORCH].get_context("float_programs") \
+            or getattr(self, "_lowbit_floats", None)
         if record is not None and floats:  # the quantized program's float reference (quantization debugging)
             record.add_float_reference({m: ep for m, ep in floats.items() if m in et.methods})
+
+    def _capture_lowbit_floats(self) -> dict[str, ExportedProgram] | None:
+        """The float programs of a torchao (SOURCE_TRANSFORM) recipe with ``generate_etrecord``: each method of
+        the eager model exported before ``quantize_`` (``capture_float_program``: debug handles on its ops),
+        recorded as ``graph_map["float/<method>"]`` so a low-bit generation is debugged against float with no
+        float model passed. Methods of one module share its weights (stored once in the ETRecord); the buffers
+        the programs mutate (KV caches) are snapshotted once, so the record keeps the state the runtime starts
+        from even if the eager model runs afterwards."""
+        q = self._quant_recipe
+        if not (self._run_context["generate_etrecord"] and q is not None and q.ao_quantization_configs
+                and self._input_model_type == NN_MODULE and StageType.SOURCE_TRANSFORM in self._pipeline_stages):
+            return None
+        from edgetorch.export.quantizer import capture_float_program
+
+        out: dict[str, ExportedProgram] = {}
+        snap: dict[int, torch.Tensor] = {}
+        for method, model in self._model.items():
+            sample = self._example_inputs[method][0]
+            with torch.no_grad():
+                ep = capture_float_program(model, tuple(sample), dynamic_shapes=self._dynamic_shapes.get(method))
+            for name in ep.graph_signature.buffers_to_mutate.values():
+                table = ep.constants if name in ep.constants else ep.state_dict
+                if isinstance(table.get(name), torch.Tensor):
+                    buf = table[name]
+                    table[name] = snap.setdefault(id(buf), buf.detach().clone())
+            out[method] = ep
+        return out
 
     # -- artifact_dir ------------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

@@ -511,8 +511,10 @@ class Inspector:
 
         return first_divergence_across_executions(self.replay(), threshold, distance)
 
-    def quantized_generation_table(self, float_model: torch.nn.Module, impact: bool = False) -> pd.DataFrame:
-        """A low-bit generation against ``float_model``: per execution (token) and quantized layer, the
+    def quantized_generation_table(self, float_model: torch.nn.Module | None = None,
+                                   impact: bool = False) -> pd.DataFrame:
+        """A low-bit generation against ``float_model`` (None: the float programs the ETRecord of a torchao-recipe
+        export holds): per execution (token) and quantized layer, the
         accumulated and local SQNR; the first token whose greedy choice differs and the layer most responsible
         in ``attrs``; ``impact=True`` adds each layer's share of the logit error
         (``inspector.quantized_generation``)."""

@@ -22,7 +22,10 @@ that execution (the lowest mean local SQNR over all executions when none diverge
 that mean per layer, worst first (one decode token is a small sample: rank on the mean). ``pivot`` turns the
 long table into token x layer.
 
-Used through ``Inspector.quantized_generation_table(float_model)``.
+The float model is the one passed, or (``float_model=None``) the float programs the ETRecord of a torchao-recipe
+export holds (``graph_map["float/<method>"]``, run by ``_float_programs.RecordedFloat``): the same table.
+
+Used through ``Inspector.quantized_generation_table(float_model=None)``.
 """
 
 from __future__ import annotations
@@ -36,15 +39,16 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from edgetorch.devtools.inspector.numeric_gap import (
-    _module_path,
-    _resolve,
-    _runtime_values,
+    module_path,
     reference_handles,
+    resolve_entry,
     runtime_entries,
+    runtime_values,
 )
 from edgetorch.errors import InspectorError
 
-__all__ = ["COLUMNS", "layer_ranking", "lowbit_layers", "pivot", "quantized_generation_table", "sqnr_db"]
+__all__ = ["COLUMNS", "has_low_bit_layers", "layer_ranking", "lowbit_layers", "pivot", "quantized_generation_table",
+           "sqnr_db"]
 
 COLUMNS = ["execution", "method", "run", "layer", "sqnr_db", "local_sqnr_db"]
 _LOWBIT_OPS = ("linear_q4", "linear_q8")
@@ -75,7 +79,7 @@ def lowbit_layers(gm: torch.fx.GraphModule) -> list[tuple[str, torch.fx.Node]]:
     out = []
     for n in gm.graph.nodes:
         if n.op == "call_function" and any(f"edgetorch.{op}" in str(n.target) for op in _LOWBIT_OPS):
-            out.append((_module_path(n) or n.name, n))
+            out.append((module_path(n) or n.name, n))
     return out
 
 
@@ -85,7 +89,7 @@ def _runtime_by_node(gm: torch.fx.GraphModule, entries: list[Any]) -> dict[torch
     order = {h: i for i, h in enumerate(last)}
     out: dict[torch.fx.Node, torch.Tensor] = {}
     for e in entries:
-        res = _resolve(e, last, order)
+        res = resolve_entry(e, last, order)
         if isinstance(res, str):
             continue
         h, index = res
@@ -93,7 +97,7 @@ def _runtime_by_node(gm: torch.fx.GraphModule, entries: list[Any]) -> dict[torch
         if want is None:  # a graph without fake values (a dynamic method's stored document): one output only
             got = e.tensors[0] if len(e.tensors) == 1 else None
         else:
-            vals = _runtime_values(e, h, index, want)
+            vals = runtime_values(e, h, index, want)
             got = vals.get(0) if isinstance(vals, dict) else None
         if isinstance(got, torch.Tensor) and last[h] not in out:
             out[last[h]] = got
@@ -141,10 +145,12 @@ def _runtime_of(n: Any, values: dict[torch.fx.Node, torch.Tensor]) -> torch.Tens
     return got
 
 
-class _Hooks:
-    """Forward hooks on the float model's Linears named ``paths``: their last output per call."""
+class _EagerFloat:
+    """The float reference as an eager model: forward hooks on its Linears named ``paths`` capture their last
+    output per call; ``call(..., inject=(path, error))`` adds an error to one Linear's output."""
 
     def __init__(self, model: torch.nn.Module, paths: list[str]) -> None:
+        self.model = model
         self.outputs: dict[str, torch.Tensor] = {}
         self._handles = []
         for p in paths:
@@ -159,17 +165,49 @@ class _Hooks:
             self.outputs[path] = out.detach()
         return hook
 
+    def reset(self) -> None:
+        if hasattr(self.model, "reset_cache"):
+            self.model.reset_cache()
+
+    def linear(self, path: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        try:
+            mod = self.model.get_submodule(path)
+        except AttributeError:
+            return None
+        return (mod.weight, mod.bias) if isinstance(mod, torch.nn.Linear) else None
+
+    def call(self, method: str, inputs: list[Any], inject: tuple[str, torch.Tensor] | None = None) -> Any:
+        handle = None
+        if inject is not None:
+            path, e = inject
+
+            def add(_m: torch.nn.Module, _i: Any, y: torch.Tensor) -> torch.Tensor:
+                return y + e.reshape(y.shape).to(y.dtype) if e.numel() == y.numel() else y
+
+            handle = self.model.get_submodule(path).register_forward_hook(add)
+        try:
+            return _call(self.model, method, inputs)
+        finally:
+            if handle is not None:
+                handle.remove()
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
 
 
-def _float_linear(model: torch.nn.Module, path: str) -> torch.nn.Module | None:
-    try:
-        mod = model.get_submodule(path)
-    except AttributeError:
-        return None
-    return mod if isinstance(mod, torch.nn.Linear) else None
+def has_low_bit_layers(inspector: Any) -> bool:
+    """Whether some recorded method's program holds a low-bit linear op (a torchao-recipe export)."""
+    replay = inspector.replay(None)
+    methods = dict.fromkeys(r.execution.method for r in replay.records)
+    return any(lowbit_layers(replay.module(m)[0]) for m in methods)
+
+
+def _recorded_float(inspector: Any, records: list[Any]) -> Any:
+    from edgetorch.devtools.inspector._float_programs import RecordedFloat
+
+    return RecordedFloat.from_inspector(inspector, list(dict.fromkeys(r.execution.method for r in records)),
+                                        module_path)
 
 
 def _first_tensor(v: Any) -> torch.Tensor | None:
@@ -195,37 +233,25 @@ def _noise(ref: torch.Tensor | None, got: torch.Tensor | None) -> float:
     return float((ref.detach().double().reshape(-1) - got.detach().double().reshape(-1)).pow(2).sum())
 
 
-def _impacts(float_model: torch.nn.Module, rec: Any, errors: dict[str, torch.Tensor],
-             clean: torch.Tensor | None) -> dict[str, float]:
+def _impacts(ref: Any, rec: Any, errors: dict[str, torch.Tensor], clean: torch.Tensor | None) -> dict[str, float]:
     """Per layer, the logit noise power (against the clean float logits) of the float model with that layer's
     own local error alone added to its output; each run writes this execution's cache slots, which the clean
     run that follows rewrites."""
-    out: dict[str, float] = {}
-    for path, err in errors.items():
-        mod = float_model.get_submodule(path)
-
-        def add(_m: torch.nn.Module, _i: Any, y: torch.Tensor, e: torch.Tensor = err) -> torch.Tensor:
-            return y + e.reshape(y.shape).to(y.dtype) if e.numel() == y.numel() else y
-
-        handle = mod.register_forward_hook(add)
-        try:
-            out[path] = _noise(clean, _first_tensor(_call(float_model, rec.execution.method, list(rec.inputs))))
-        finally:
-            handle.remove()
-    return out
+    return {path: _noise(clean, _first_tensor(ref.call(rec.execution.method, list(rec.inputs), (path, err))))
+            for path, err in errors.items()}
 
 
-def _execution_rows(inspector: Any, replay: Any, rec: Any, float_model: torch.nn.Module,
-                    hooks: _Hooks, impact: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _execution_rows(inspector: Any, replay: Any, rec: Any, ref: Any,
+                    impact: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     ex = rec.execution
     gm, _ = replay.module(ex.method)
     values = _runtime_by_node(gm, runtime_entries(inspector.event_blocks[rec.block].events, rec.block_run))
     rows, errors = [], {}
     for path, node in lowbit_layers(gm):
-        rt, x, lin = _runtime_of(node, values), _runtime_of(node.args[0], values), _float_linear(float_model, path)
+        rt, x, lin = _runtime_of(node, values), _runtime_of(node.args[0], values), ref.linear(path)
         local = math.nan
         if rt is not None and x is not None and lin is not None:
-            own = torch.nn.functional.linear(x.to(lin.weight.dtype), lin.weight, lin.bias)
+            own = torch.nn.functional.linear(x.to(lin[0].dtype), *lin)
             local = sqnr_db(own, rt)
             errors[path] = rt.reshape(own.shape).to(own.dtype) - own
         rows.append({"execution": ex.index, "method": ex.method, "run": ex.run, "layer": path, "sqnr_db": math.nan,
@@ -233,13 +259,13 @@ def _execution_rows(inspector: Any, replay: Any, rec: Any, float_model: torch.nn
     rt_logits = _first_tensor(rec.outputs)
     impacts: dict[str, float] = {}
     if impact:
-        clean = _first_tensor(_call(float_model, ex.method, list(rec.inputs)))
-        impacts = _impacts(float_model, rec, errors, clean)
-    hooks.outputs.clear()
-    fl_logits = _first_tensor(_call(float_model, ex.method, list(rec.inputs)))  # the clean run, last
+        clean = _first_tensor(ref.call(ex.method, list(rec.inputs)))
+        impacts = _impacts(ref, rec, errors, clean)
+    ref.outputs.clear()
+    fl_logits = _first_tensor(ref.call(ex.method, list(rec.inputs)))  # the clean run, last
     total = _noise(fl_logits, rt_logits)
     for row in rows:
-        rt, flt = row.pop("_rt"), hooks.outputs.get(row["layer"])
+        rt, flt = row.pop("_rt"), ref.outputs.get(row["layer"])
         row["sqnr_db"] = sqnr_db(flt, rt) if rt is not None and flt is not None else math.nan
         if impact:
             share = impacts.get(row["layer"], math.nan)
@@ -265,11 +291,14 @@ def _responsible(df: pd.DataFrame, execution: int | None) -> str | None:
     return None if rows.empty else str(rows.loc[rows["local_sqnr_db"].idxmin(), "layer"])
 
 
-def quantized_generation_table(inspector: Any, float_model: torch.nn.Module, impact: bool = False) -> pd.DataFrame:
+def quantized_generation_table(inspector: Any, float_model: torch.nn.Module | None = None,
+                               impact: bool = False) -> pd.DataFrame:
     """One row per (execution, quantized layer) of the recorded generation against ``float_model`` (see the
-    module docstring). The float model runs every execution in order on the runtime's inputs; its KV cache is
-    reset first (``reset_cache()`` when it has one) and left as the last execution left it. ``impact=True`` adds
-    ``logit_share`` (one more float forward per layer and execution)."""
+    module docstring), or, when None, against the float programs the ETRecord holds (``graph_map["float/<method>"]``,
+    recorded by a torchao-recipe export with ``generate_etrecord=True``). The float model runs every execution in
+    order on the runtime's inputs; its KV cache is reset first (``reset_cache()`` when it has one; a recorded
+    program's mutated buffers go back to their recorded values) and left as the last execution left it.
+    ``impact=True`` adds ``logit_share`` (one more float forward per layer and execution)."""
     replay = inspector.replay(None)
     records = replay.records
     if not records:
@@ -283,19 +312,18 @@ def quantized_generation_table(inspector: Any, float_model: torch.nn.Module, imp
     if not paths:
         raise InspectorError("the program has no low-bit layer (edgetorch::linear_q4 / linear_q8): export it "
                              "with a torchao recipe (e.g. portable_torchao_8da4w)")
-    if hasattr(float_model, "reset_cache"):
-        float_model.reset_cache()
-    hooks = _Hooks(float_model, paths)
+    ref: Any = _EagerFloat(float_model, paths) if float_model is not None else _recorded_float(inspector, records)
+    ref.reset()
     rows: list[dict[str, Any]] = []
     tokens = []
     try:
         with torch.no_grad():
             for rec in records:
-                r, t = _execution_rows(inspector, replay, rec, float_model, hooks, impact)
+                r, t = _execution_rows(inspector, replay, rec, ref, impact)
                 rows.extend(r)
                 tokens.append(t)
     finally:
-        hooks.remove()
+        ref.remove()
     df = pd.DataFrame(rows, columns=COLUMNS + (["logit_share"] if impact else []))
     tok = pd.DataFrame(tokens)
     first = next((int(t["execution"]) for t in tokens
