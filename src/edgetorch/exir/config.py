@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from edgetorch.errors import ExportError, MemoryPlanError
-from edgetorch.exir.memory_planning import ALGORITHMS
+from edgetorch.exir.memory_planning import ALGORITHMS, MemoryPlanningPass
 
 __all__ = ["DEFAULT_PRESERVED_OPS", "EdgeCompileConfig", "ExecutorchBackendConfig"]
 
@@ -51,14 +51,57 @@ class ExecutorchBackendConfig:
     (``exir.memory_planning.ALGORITHMS``; another name is refused with ``MemoryPlanError``).
     ``emit_stacktrace``: store each instruction's source line in the program.
     ``extract_delegate_segments``: accepted for compatibility; delegate blobs always live in segments.
+    ``memory_planning_pass``: a ``MemoryPlanningPass`` (``exir.passes``); its algorithm and alignment, when set,
+    take the place of the two fields above, and ``share_mutable_buffers`` says whether the methods share their
+    mutable buffers. None (the default): edgetorch's own plan, in which the methods share them by name.
+    ``passes``: graph passes run on every method's edge program right before planning and emission (as
+    ``EdgeProgramManager.transform`` runs them: on a copy, debug handles filled, the edge verifier run again).
+    ``emit_mutable_buffer_names``: only True: the program always stores each mutable buffer's name (the runtime
+    keys the state by it); False is refused (``ExportError``).
+    ``to_out_var_pass``: only None: the emitter picks each op's out variant itself; a pass given here could not
+    run and is refused (``ExportError``).
     """
 
     alignment: int = 64
     memory_planning_algo: str = "greedy"
     emit_stacktrace: bool = True
     extract_delegate_segments: bool = True
+    memory_planning_pass: MemoryPlanningPass | None = None
+    passes: list = field(default_factory=list)
+    emit_mutable_buffer_names: bool = True
+    to_out_var_pass: object = None
 
     def __post_init__(self) -> None:
         if self.memory_planning_algo not in ALGORITHMS:
             raise MemoryPlanError(f"ExecutorchBackendConfig.memory_planning_algo {self.memory_planning_algo!r} is "
                                   f"unknown: one of {', '.join(ALGORITHMS)}")
+        if self.memory_planning_pass is not None and not isinstance(self.memory_planning_pass, MemoryPlanningPass):
+            raise MemoryPlanError("ExecutorchBackendConfig.memory_planning_pass must be an "
+                                  "edgetorch.exir.passes.MemoryPlanningPass, got "
+                                  f"{type(self.memory_planning_pass).__name__}")
+        if not self.emit_mutable_buffer_names:
+            raise ExportError("ExecutorchBackendConfig.emit_mutable_buffer_names=False: edgetorch programs always "
+                              "store their mutable buffers' names (the runtime keys each buffer's state by it)")
+        if self.to_out_var_pass is not None:
+            raise ExportError("ExecutorchBackendConfig.to_out_var_pass: edgetorch's emitter picks each op's out "
+                              "variant itself, so this pass would never run; leave it None")
+        if not isinstance(self.passes, (list, tuple)) or not all(callable(p) for p in self.passes):
+            raise ExportError("ExecutorchBackendConfig.passes must be a list of graph passes (callables taking a "
+                              "torch.fx.GraphModule)")
+
+    @property
+    def planning_algorithm(self) -> str:
+        """The algorithm planning uses: the memory planning pass's, else ``memory_planning_algo``."""
+        mpp = self.memory_planning_pass
+        return mpp.memory_planning_algo if mpp is not None and mpp.memory_planning_algo else self.memory_planning_algo
+
+    @property
+    def planning_alignment(self) -> int:
+        """The alignment planning uses: the memory planning pass's, else ``alignment``."""
+        mpp = self.memory_planning_pass
+        return mpp.alignment if mpp is not None and mpp.alignment else self.alignment
+
+    @property
+    def shares_mutable_buffers(self) -> bool:
+        """Whether the methods share their mutable buffers (True without a memory planning pass)."""
+        return self.memory_planning_pass is None or self.memory_planning_pass.share_mutable_buffers

@@ -8,16 +8,17 @@ whose lifetimes intersect never share bytes. Several greedy orders are tried and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from edgetorch.errors import MemoryPlanError
 from edgetorch.formats import program as pf
-from edgetorch.formats.alignment import align
+from edgetorch.formats.alignment import ALIGNMENT, align
 from edgetorch.formats.plan_check import find_overlap, live_ranges  # noqa: F401 - live_ranges: callers' API
 
-__all__ = ["Buffer", "MemoryPlan", "peak_live_bytes", "ALGORITHMS", "plan_memory", "verify_memory_plan"]
+__all__ = ["Buffer", "MemoryPlan", "MemoryPlanningPass", "peak_live_bytes", "ALGORITHMS", "plan_memory",
+           "unshare_mutable_buffers", "verify_memory_plan"]
 
 
 @dataclass
@@ -121,8 +122,11 @@ def plan_memory(buffers: list[Buffer], alignment: int = 64, algorithm: str = "gr
         if best[1] <= peak:
             break
     offsets, total, name = best
+    # the arena ends where the last tensor's bytes do, on the loader's boundary: padding a wider alignment adds
+    # after the last tensor would be bytes nothing uses (and the loader refuses an arena larger than its tensors)
+    end = max(offsets[b.key] + b.size for b in buffers)
     offsets.update(empty)
-    return MemoryPlan(offsets, align(total, alignment), peak, name)
+    return MemoryPlan(offsets, min(align(total, alignment), align(end, ALIGNMENT)), peak, name)
 
 
 def verify_memory_plan(plan: pf.PlanDef) -> None:
@@ -142,3 +146,84 @@ def verify_memory_plan(plan: pf.PlanDef) -> None:
             f"method '{plan.name}': values {a} (bytes [{va.arena_offset}, {va.arena_offset + va.nbytes}), live at "
             f"instructions {fa}..{la}) and {b} (bytes [{vb.arena_offset}, {vb.arena_offset + vb.nbytes}), live at "
             f"{fb}..{lb}) share arena bytes while both are live")
+
+
+class MemoryPlanningPass:
+    """The reference's memory-planning options, given to ``ExecutorchBackendConfig(memory_planning_pass=...)``.
+
+    What each one does here:
+
+    - ``memory_planning_algo``: a name from :data:`ALGORITHMS` (None: ``ExecutorchBackendConfig.memory_planning_algo``);
+      the reference's algorithm callables / suites are refused (``MemoryPlanError``).
+    - ``alignment``: byte alignment of the planned tensors (None: ``ExecutorchBackendConfig.alignment``; a power of
+      two of at least 64, the boundary the loader checks every planned tensor against).
+    - ``share_mutable_buffers``: True, the methods of one program share each mutable buffer of the same name (one KV
+      cache for a prefill and a decode method); False, each method holds its own copy of it.
+    - ``alloc_graph_input`` / ``alloc_graph_output`` / ``alloc_mutable_buffers``: only True. edgetorch's runtime binds
+      every kernel's arguments to arena slots when a method loads and has no API through which a caller hands it
+      input, output or buffer memory, so False, which would leave that memory to the caller, is refused
+      (``MemoryPlanError`` naming the field) instead of being ignored.
+    - ``allow_lifetime_and_storage_overlap``: only False: the planner never lets two live tensors share bytes.
+
+    Not a graph pass: ``to_executorch`` applies it (calling it raises ``MemoryPlanError``)."""
+
+    def __init__(self, memory_planning_algo: str | None = None, allow_lifetime_and_storage_overlap: bool = False,
+                 alloc_graph_input: bool = True, alloc_graph_output: bool = True, alloc_mutable_buffers: bool = True,
+                 share_mutable_buffers: bool = False, alignment: int | None = None) -> None:
+        if memory_planning_algo is not None and (not isinstance(memory_planning_algo, str)
+                                                 or memory_planning_algo not in ALGORITHMS):
+            raise MemoryPlanError(
+                f"MemoryPlanningPass.memory_planning_algo {memory_planning_algo!r}: edgetorch plans with its own "
+                f"greedy orders, named by a string: one of {', '.join(ALGORITHMS)} (the reference's algorithm "
+                "callables and suites cannot run here)")
+        if alignment is not None and (isinstance(alignment, bool) or not isinstance(alignment, int)
+                                      or alignment < ALIGNMENT or alignment & (alignment - 1)):
+            raise MemoryPlanError(f"MemoryPlanningPass.alignment {alignment!r}: a power of two of at least {ALIGNMENT} "
+                                  "(the loader refuses a planned tensor off that boundary; the reference's 16 would "
+                                  "not load)")
+        refused = {"alloc_graph_input": (alloc_graph_input, True), "alloc_graph_output": (alloc_graph_output, True),
+                   "alloc_mutable_buffers": (alloc_mutable_buffers, True),
+                   "allow_lifetime_and_storage_overlap": (allow_lifetime_and_storage_overlap, False)}
+        for name, (value, only) in refused.items():
+            if bool(value) != only:
+                raise MemoryPlanError(_REFUSED[name].format(name=name, value=value))
+        self.memory_planning_algo = memory_planning_algo
+        self.allow_lifetime_and_storage_overlap = False
+        self.alloc_graph_input = self.alloc_graph_output = self.alloc_mutable_buffers = True
+        self.share_mutable_buffers = bool(share_mutable_buffers)
+        self.alignment = alignment
+
+    def __repr__(self) -> str:
+        return (f"MemoryPlanningPass(memory_planning_algo={self.memory_planning_algo!r}, "
+                f"share_mutable_buffers={self.share_mutable_buffers}, alignment={self.alignment})")
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        raise MemoryPlanError("MemoryPlanningPass is not a graph pass in edgetorch: give it to "
+                              "to_executorch(ExecutorchBackendConfig(memory_planning_pass=...)), which plans with it")
+
+
+_WHY = ("edgetorch's runtime binds every kernel's arguments to arena slots when a method loads and has no API "
+        "through which a caller hands it that memory")
+_REFUSED = {
+    "alloc_graph_input": "MemoryPlanningPass.{name}={value}: inputs are always planned; the runtime copies each "
+                         "input into its arena slot (" + _WHY + ")",
+    "alloc_graph_output": "MemoryPlanningPass.{name}={value}: outputs are always planned; the runtime returns copies "
+                          "of them (" + _WHY + ")",
+    "alloc_mutable_buffers": "MemoryPlanningPass.{name}={value}: the loaded program always holds its mutable "
+                             "buffers itself, from their initial values (" + _WHY + ")",
+    "allow_lifetime_and_storage_overlap": "MemoryPlanningPass.{name}={value}: the planner never places two live "
+                                          "tensors on the same bytes, and the loader refuses a plan that does",
+}
+
+
+def unshare_mutable_buffers(plans: list[pf.PlanDef]) -> list[pf.PlanDef]:
+    """``share_mutable_buffers=False``: a mutable buffer that several methods name becomes one buffer per method
+    (renamed ``"<method>::<name>"``), so that each method updates its own copy. Plans are edited in place."""
+    users: dict[str, int] = {}
+    for p in plans:
+        for mb in p.mutable_buffers:
+            users[mb.name] = users.get(mb.name, 0) + 1
+    for p in plans:
+        p.mutable_buffers = [replace(mb, name=f"{p.name}::{mb.name}") if users[mb.name] > 1 else mb
+                             for mb in p.mutable_buffers]
+    return plans

@@ -26,6 +26,7 @@ from edgetorch.exir.clone import sync_signature_names
 from edgetorch.exir.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgetorch.exir.debug_handles import assign_debug_handles, fill_missing_debug_handles
 from edgetorch.exir.emit import ConstantPool, DelegatePool, EmittedMethod, emit_method
+from edgetorch.exir.memory_planning import unshare_mutable_buffers
 from edgetorch.exir.quant_annotations import float_handle
 from edgetorch.exir.verifier import _IGNORED_TARGETS, verify_edge_program
 from edgetorch.formats import program as pf
@@ -250,6 +251,8 @@ class ExecutorchProgramManager:
 
     def __init__(self, edge: EdgeProgramManager, config: ExecutorchBackendConfig) -> None:
         t0 = time.perf_counter()
+        if config.passes:  # ExecutorchBackendConfig.passes: as a transform right before planning
+            edge = edge.transform(list(config.passes))._recorded("edge_before_planning")
         self._edge = edge
         self.config = config
         layout = pf.SegmentLayout()
@@ -259,9 +262,12 @@ class ExecutorchProgramManager:
         for name in sorted(edge.methods):
             ep = edge.exported_program(name)
             sync_signature_names(ep.graph_signature, ep.graph)
-            self._emitted[name] = emit_method(ep, name, consts, delegates,
-                                              config.alignment, config.emit_stacktrace, config.memory_planning_algo)
-        self._program = pf.ProgramDef([m.plan for m in self._emitted.values()], consts.ranges(), delegates.ranges())
+            self._emitted[name] = emit_method(ep, name, consts, delegates, config.planning_alignment,
+                                              config.emit_stacktrace, config.planning_algorithm)
+        plans = [m.plan for m in self._emitted.values()]
+        if not config.shares_mutable_buffers:
+            unshare_mutable_buffers(plans)
+        self._program = pf.ProgramDef(plans, consts.ranges(), delegates.ranges(), named_data=delegates.named_data())
         self._layout = layout
         self._parts = pf.build_file_parts(self._program, list(layout.chunks()))
         self._buffer: bytes | None = None

@@ -4,6 +4,9 @@ A pass is a callable taking a ``torch.fx.GraphModule`` and returning either a Gr
 ``graph_module`` attribute (a PassResult), or None (it changed the module in place). Passes run on a copy:
 the program they were given (which an ETRecord may hold) is left untouched. After the passes, nodes created
 without a debug handle get fresh ones and the edge verifier runs again.
+
+``MemoryPlanningPass`` (also ``edgetorch.exir.passes.memory_planning_pass.MemoryPlanningPass``, where the
+reference's users import it) holds the memory-planning options ``ExecutorchBackendConfig`` takes.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from torch.export import ExportedProgram
 from edgetorch.errors import ExportError
 from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import fill_missing_debug_handles
+from edgetorch.exir.memory_planning import MemoryPlanningPass
 from edgetorch.exir.verifier import verify_edge_program
 
-__all__ = ["apply_passes"]
+__all__ = ["MemoryPlanningPass", "apply_passes"]
 
 
 def apply_passes(ep: ExportedProgram, passes: Sequence[Callable], method: str, config) -> ExportedProgram:
