@@ -37,6 +37,8 @@ ALLOWED: dict[str, set[str]] = {
     # the debugger reads the compiler's plain data (StageHistory, HandleGroup, exir.quant_annotations), never the
     # export session: what uses both is a workflow
     "devtools": _BOTTOM | {"formats", "exir", "runtime", "backends"},
+    # the reference's one-call export helpers (executorch.extension.export_util): the compiler's public API only
+    "extension": _BOTTOM | {"formats", "exir", "runtime", "backends"},
     "workflows": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools"},
     "cli": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools", "workflows"},
     "__main__": {"cli"},

@@ -9,6 +9,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
     from edgetorch.exir.config import EdgeCompileConfig, ExecutorchBackendConfig
     from edgetorch.exir.program import (
         EdgeProgramManager,
@@ -24,6 +26,7 @@ _WHERE = {
     "ExecutorchProgramManager": "edgetorch.exir.program",
     "to_edge": "edgetorch.exir.program",
     "to_edge_transform_and_lower": "edgetorch.exir.program",
+    "ExportedProgram": "torch.export",  # re-exported as the reference's exir does (its scripts import it here)
 }
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "EdgeProgramManager",
     "ExecutorchBackendConfig",
     "ExecutorchProgramManager",
+    "ExportedProgram",
     "to_edge",
     "to_edge_transform_and_lower",
 ]

@@ -16,7 +16,9 @@ from edgetorch.formats.dtypes import code_dtype
 MAGIC = b"EDGTPROG"
 FB_IDENTIFIER = b"EDTP"
 HEADER_VERSION = 2  # 2: the content hash is chunked (``content_hash``); 1: plain SHA-256 of the body (still read)
-PROGRAM_SCHEMA_VERSION = 2  # 2: bounded dynamic shapes (symbols, SymInt values) and mutable buffers
+PROGRAM_SCHEMA_VERSION = 3  # 3: named data; 2: bounded dynamic shapes (symbols, SymInt values), mutable buffers
+#: schema versions this reader reads (a version-1/2 file has no named data: read as empty)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 HEADER = struct.Struct("<8sIIQQQQ32s")  # magic, header ver, schema ver, fb off, fb size, seg off, seg size, hash
 HEADER_SIZE = 128
 
@@ -228,6 +230,13 @@ class ProgramDef:
     constants: list[tuple[int, int]]  # (offset, size) in the segment area
     delegate_data: list[tuple[int, int]]
     version: int = PROGRAM_SCHEMA_VERSION
+    #: named data (``PreprocessResult.data_store_output``): (key, offset, size) in the segment area, keys unique
+    named_data: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @property
+    def execution_plan(self) -> list[PlanDef]:
+        """The methods' plans, under the reference's name (each has ``.name``)."""
+        return self.plans
 
     def plan(self, name: str) -> PlanDef:
         for p in self.plans:
