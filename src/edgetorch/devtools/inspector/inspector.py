@@ -61,7 +61,8 @@ class Inspector:
                  etrecord: Any = None, source_time_scale: TimeScale = TimeScale.NS,
                  target_time_scale: TimeScale = TimeScale.MS, debug_buffer_path: str | os.PathLike | None = None,
                  delegate_metadata_parser: Any = None, delegate_time_scale_converter: Any = None,
-                 enable_module_hierarchy: bool = True) -> None:
+                 enable_module_hierarchy: bool = True,
+                 reference_graph_name: str = "edge_dialect_graph_module") -> None:
         if (etdump_path is None) == (etdump_data is None):
             raise InspectorError("give exactly one of etdump_path and etdump_data")
         if (source_time_scale == TimeScale.CYCLES) != (target_time_scale == TimeScale.CYCLES):
@@ -97,6 +98,8 @@ class Inspector:
         check_recording(self._etdump, self._etrecord)  # every logged value as the runtime and the ETRecord say
         self.source_time_scale = source_time_scale
         self.target_time_scale = target_time_scale
+        self.reference_graph_name = reference_graph_name
+        self._default_reference = _default_reference(reference_graph_name, self._etrecord)
         _check_callables(delegate_metadata_parser=delegate_metadata_parser,
                          delegate_time_scale_converter=delegate_time_scale_converter)
         self.delegate_metadata_parser = delegate_metadata_parser
@@ -285,6 +288,14 @@ class Inspector:
                 ops.setdefault(op, []).append(ev)
         return ops
 
+    def write_tensorboard_artifact(self, path: str | os.PathLike, gaps: bool | None = None) -> dict[str, int]:
+        """Writes the profile and, when they can be computed, the numeric gaps as TensorBoard event files in the
+        directory ``path`` (``inspector.tensorboard``: needs ``tensorboardX`` or ``tensorboard``; without either,
+        ``InspectorError`` says what to install). Returns how many scalars of each kind were written."""
+        from edgetorch.devtools.inspector.tensorboard import write_tensorboard_artifact
+
+        return write_tensorboard_artifact(self, path, gaps)
+
     def find_total_for_module(self, module_name: str) -> float:
         """Sum of average times (target unit) of the events whose module path contains ``module_name``."""
         if not self.enable_module_hierarchy:
@@ -390,6 +401,7 @@ class Inspector:
         """
         if self._etrecord is None:
             raise InspectorError("calculate_numeric_gap needs an ETRecord (pass etrecord=...)")
+        reference_graph = getattr(self, "_default_reference", None) if reference_graph is None else reference_graph
         if reference_graph == "float":  # issue 15: the float model as reference (every recorded sample)
             from edgetorch.devtools.inspector.float_reference import float_numeric_gap
             return float_numeric_gap(self, distance, method, local=local)
@@ -579,6 +591,23 @@ def _diverges(metric: str | None, g: float, threshold: float, worse: bool) -> bo
     if metric == EXACT_METRIC:
         return g > 0
     return (g > threshold) if worse else (g < threshold)
+
+
+def _default_reference(name: str, etrecord: Any) -> str | None:
+    """``reference_graph_name`` as ``calculate_numeric_gap``'s default ``reference_graph``: the reference's default
+    (``"edge_dialect_graph_module"``) is edgetorch's own choice (None); any other name must be a graph the ETRecord
+    holds (``InspectorError`` listing them)."""
+    if name == "edge_dialect_graph_module":
+        return None
+    if not isinstance(name, str):
+        raise InspectorError(f"reference_graph_name must be a graph name (str), got {type(name).__name__}")
+    known = {"exported_program", "edge_dialect_exported_program"}
+    graphs = set((etrecord.graph_map or {}) if etrecord is not None else {})
+    stages = {g.split("/")[0] for g in graphs}
+    if name in known or name in graphs or name in stages or (name == "float" and "float" in stages):
+        return name
+    raise InspectorError(f"reference_graph_name {name!r}: no such graph in the ETRecord; one of "
+                         f"{sorted(known | graphs | stages | {'edge_dialect_graph_module'})}")
 
 
 def _fmt(v: Any) -> str:
