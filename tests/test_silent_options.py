@@ -1,11 +1,13 @@
 """Options accepted for the reference's API do what they say or are refused (issue 27):
 ``ExecutorchBackendConfig.memory_planning_algo`` plans with the named order, ``print_data_tabular`` prints the
 delegate debug data it is asked for; ``EdgeCompileConfig._core_aten_ops_exception_list`` (nothing to except in
-edgetorch's verifier) and ``PreprocessResult.data_store_output`` (no named-data store) are refused, typed."""
+edgetorch's verifier) is refused, typed; ``PreprocessResult.data_store_output`` is stored in the program once
+per key (a key with two contents is refused, typed)."""
 
 from __future__ import annotations
 
 import io
+import itertools
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from edgetorch.exir.backend import PreprocessResult
 from edgetorch.exir.memory_planning import ALGORITHMS, Buffer, plan_memory
 from edgetorch.runtime import Runtime
 from tests.devtools.test_inspector import _delegate_etdump
-from tests.exir.nested_backend import ADD_MUL, NAME, NestedBackend, OpTypePartitioner
+from tests.exir.nested_backend import ADD_MUL, NestedBackend, OpTypePartitioner
 
 
 class _Net(torch.nn.Module):
@@ -76,17 +78,39 @@ def test_a_core_aten_exception_list_is_refused():
         EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten.add.Tensor])
 
 
-def test_data_store_output_is_refused_naming_the_backend(monkeypatch):
+def _with_store(monkeypatch, stores):
     real = NestedBackend.preprocess.__func__
+    calls = itertools.cycle(stores)
 
     def with_store(cls, edge_program, compile_specs):
         res = real(cls, edge_program, compile_specs)
-        return PreprocessResult(res.processed_bytes, res.debug_handle_map, data_store_output={"w": b"x"})
+        return PreprocessResult(res.processed_bytes, res.debug_handle_map, data_store_output=next(calls))
 
     monkeypatch.setattr(NestedBackend, "preprocess", classmethod(with_store))
+
+
+def test_data_store_output_is_stored_once_per_key_and_a_conflict_is_refused_naming_the_key(monkeypatch):
+    from edgetorch.exir.backend.backend_details import NamedDataConflictError, NamedDataStore
+    from edgetorch.formats import program as pf
+
+    store = NamedDataStore()
+    store.add_named_data("w", b"x" * 100)
+    store.add_named_data("w", b"x" * 100)  # same key, same bytes: once
+    _with_store(monkeypatch, [store, {"w": b"x" * 100, "v": b"y" * 10}])
     model, x = _Net().eval(), torch.randn(3, 16)
-    with pytest.raises(ExportError, match=f"backend '{NAME}': PreprocessResult.data_store_output"):
-        to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=[OpTypePartitioner(ADD_MUL)])
+    ep = torch.export.export(model, (x,))
+    prog = to_edge_transform_and_lower({"a": ep, "b": ep}, partitioner=[OpTypePartitioner(ADD_MUL)]).to_executorch()
+    defn = pf.decode_flatbuffer(prog.buffer[pf.HEADER_SIZE:])
+    assert [(k, size) for k, _, size in defn.named_data] == [("v", 10), ("w", 100)]
+    seg = pf.read_header(prog.buffer).segment_offset
+    assert all(off % 64 == 0 for _, off, _ in defn.named_data)
+    assert [prog.buffer[seg + off:seg + off + size] for _, off, size in defn.named_data] == [b"y" * 10, b"x" * 100]
+    torch.testing.assert_close(Runtime.get().load_program(prog.buffer).load_method("a").execute([x])[0], model(x))
+    with pytest.raises(NamedDataConflictError, match="'w'"):
+        store.add_named_data("w", b"z")
+    _with_store(monkeypatch, [{"w": b"x"}, {"w": b"z"}])
+    with pytest.raises(NamedDataConflictError, match="named data 'w'"):
+        to_edge_transform_and_lower({"a": ep, "b": ep}, partitioner=[OpTypePartitioner(ADD_MUL)]).to_executorch()
 
 
 def test_print_data_tabular_prints_the_delegate_debug_data_when_asked():

@@ -33,6 +33,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from edgetorch.errors import ExportError
+from edgetorch.exir.backend.backend_details import NamedDataConflictError
 from edgetorch.exir.backend.lowered import LoweredBackendModule
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.exir.memory_planning import Buffer, MemoryPlan, plan_memory, verify_memory_plan
@@ -76,12 +77,29 @@ class ConstantPool:
 
 
 class DelegatePool:
-    """Delegate blobs shared by every method, deduplicated by content."""
+    """Delegate blobs shared by every method, deduplicated by content, and the program's named data (the
+    delegates' ``data_store_output``): each key stored once, identical bytes under two keys sharing one range; the
+    same key with other bytes raises ``NamedDataConflictError``."""
 
     def __init__(self, layout: pf.SegmentLayout) -> None:
         self.layout = layout
         self.table: list[int] = []
         self._by_range: dict[int, int] = {}
+        self._named: dict[str, tuple[bytes, int]] = {}  # key -> (sha256, segment range index)
+
+    def add_named(self, key: str, data: bytes, backend_id: str = "") -> None:
+        digest = hashlib.sha256(data).digest()
+        old = self._named.get(key)
+        if old is not None:
+            if old[0] != digest:
+                raise NamedDataConflictError(f"named data '{key}' (backend '{backend_id}') differs from the bytes "
+                                             "an earlier delegate stored under that key: keys must name one content")
+            return
+        self._named[key] = (digest, self.layout.add(data, dedup_key=b"named:" + digest))
+
+    def named_data(self) -> list[tuple[str, int, int]]:
+        """``(key, offset, size)`` of every named data entry, sorted by key."""
+        return [(k, *self.layout.ranges[r]) for k, (_, r) in sorted(self._named.items())]
 
     def add(self, blob: bytes) -> int:
         r = self.layout.add(blob, dedup_key=b"delegate:" + hashlib.sha256(blob).digest())
@@ -393,6 +411,8 @@ class _MethodEmitter:
         for u in uses:
             self.use(u, at)
         blob = self.delegate_pool.add(lowered.processed_bytes)
+        for key, data in (getattr(lowered, "named_data", None) or {}).items():
+            self.delegate_pool.add_named(key, data, lowered.backend_id)
         self.delegates.append(pf.BackendDelegateDef(lowered.backend_id, blob, lowered.compile_spec_items))
         # the .pte carries no handle for a call: its handles are the group's, in the ETRecord
         self.instructions.append(pf.InstructionDef(

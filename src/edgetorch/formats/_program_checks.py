@@ -185,12 +185,28 @@ def check_consistency(program: ProgramDef, segment_size: int) -> None:
         if off % ALIGNMENT or off + size > segment_size:
             _fail(f"delegate blob {i}: range [{off}, {off + size}) is misaligned or outside the segment area "
                   f"({segment_size} bytes)", f"delegate_data[{i}]")
+    _check_named_data(program, segment_size)
     names = set()
     for p in program.plans:
         if p.name in names:
             _fail(f"method '{p.name}' appears twice", "execution_plans")
         names.add(p.name)
         _check_plan(program, p)
+
+
+def _check_named_data(program: ProgramDef, segment_size: int) -> None:
+    """Every named-data entry: a non-empty key, unique, and an aligned range inside the segment area."""
+    keys: set[str] = set()
+    for i, (key, off, size) in enumerate(program.named_data):
+        fld = f"named_data[{i}]"
+        if not key:
+            _fail(f"named data {i} has an empty key", fld)
+        if key in keys:
+            _fail(f"named data key '{key}' appears twice", fld)
+        keys.add(key)
+        if off % ALIGNMENT or off + size > segment_size:
+            _fail(f"named data '{key}': range [{off}, {off + size}) is misaligned or outside the segment area "
+                  f"({segment_size} bytes)", fld)
 
 
 def _index_checker(p: PlanDef) -> Callable[..., None]:

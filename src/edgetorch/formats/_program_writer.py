@@ -292,17 +292,32 @@ def _ranges(b, start, ranges):
     return b.EndVector()
 
 
+def _named_data(b: flatbuffers.Builder, entries: Sequence[tuple[str, int, int]]) -> int:
+    tables = []
+    for key, off, size in entries:
+        k = b.CreateString(key)
+        fb.NamedDataStart(b)
+        fb.NamedDataAddKey(b, k)
+        fb.NamedDataAddOffset(b, off)
+        fb.NamedDataAddSize(b, size)
+        tables.append(fb.NamedDataEnd(b))
+    return _offset_vec(b, fb.ProgramStartNamedDataVector, tables)
+
+
 def encode_flatbuffer(program: ProgramDef) -> bytes:
     b = flatbuffers.Builder(1 << 16)
     plans = [_write_plan(b, p) for p in program.plans]
     plans_vec = _offset_vec(b, fb.ProgramStartExecutionPlansVector, plans)
     consts = _ranges(b, fb.ProgramStartConstantsVector, program.constants)
     dels = _ranges(b, fb.ProgramStartDelegateDataVector, program.delegate_data)
+    named = _named_data(b, program.named_data) if program.named_data else None
     fb.ProgramStart(b)
     fb.ProgramAddVersion(b, program.version)
     fb.ProgramAddExecutionPlans(b, plans_vec)
     fb.ProgramAddConstants(b, consts)
     fb.ProgramAddDelegateData(b, dels)
+    if named is not None:
+        fb.ProgramAddNamedData(b, named)
     root = fb.ProgramEnd(b)
     b.Finish(root, file_identifier=FB_IDENTIFIER)
     return bytes(b.Output())

@@ -45,6 +45,7 @@ from edgetorch.formats._program_defs import (
     PLACEMENT_MUTABLE,
     PLACEMENT_PLANNED,
     PROGRAM_SCHEMA_VERSION,
+    READABLE_SCHEMA_VERSIONS,
     BackendDelegateDef,
     BoolListV,
     DelegateCallDef,
@@ -120,6 +121,7 @@ __all__ = [
     "PLACEMENT_MUTABLE",
     "PLACEMENT_PLANNED",
     "PROGRAM_SCHEMA_VERSION",
+    "READABLE_SCHEMA_VERSIONS",
     "PlanDef",
     "ProgramDef",
     "ProgramFormatError",
@@ -180,7 +182,7 @@ def read_header(buf: memoryview | bytes, what: str = "program") -> FileHeader:
     if hver not in (1, HEADER_VERSION):
         raise ProgramFormatError(f"{what}: unsupported header version {hver} (this reader knows {HEADER_VERSION})",
                                  field="header.version")
-    if sver not in (1, PROGRAM_SCHEMA_VERSION):
+    if sver not in READABLE_SCHEMA_VERSIONS:
         raise ProgramFormatError(
             f"{what}: unsupported program schema version {sver} (this runtime reads {PROGRAM_SCHEMA_VERSION})",
             field="header.schema_version")
@@ -314,12 +316,13 @@ def decode_flatbuffer(fbuf: bytes | memoryview) -> ProgramDef:
         plans = [_read_plan(p) for p in root.tables(1)]
         consts = _ranges_of(root, 2)
         dels = _ranges_of(root, 3)
+        named = [(t.string(0), t.scalar(1, "Q"), t.scalar(2, "Q")) for t in root.tables(4)]
     except ProgramFormatError:
         raise
     except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
         raise ProgramFormatError(f"malformed program flatbuffer ({type(e).__name__}: {e})",
                                  field="flatbuffer") from None
-    return ProgramDef(plans, consts, dels, version)
+    return ProgramDef(plans, consts, dels, version, named)
 
 
 def _ranges_of(t: Table, i: int) -> list[tuple[int, int]]:

@@ -32,6 +32,28 @@ class LoadedFile:
     def segment_base(self) -> int:
         return self.header.segment_offset
 
+    def named_data_keys(self) -> list[str]:
+        return [k for k, _, _ in self.program.named_data]
+
+    def named_data(self, key: str) -> memoryview:
+        """The bytes stored under ``key`` (``PreprocessResult.data_store_output``): a read-only view of the
+        loaded file, no copy. Bounds are checked here whatever the verification level; an unknown key or a range
+        outside the segment area raises ``ProgramFormatError`` naming the key."""
+        index = self.__dict__.get("_named_index")
+        if index is None:
+            index = self.__dict__["_named_index"] = {k: (o, n) for k, o, n in self.program.named_data}
+        if key not in index:
+            raise ProgramFormatError(f"no named data '{key}' (the program stores "
+                                     f"{len(index)} keys)", field=f"named_data['{key}']", path=self.path)
+        off, size = index[key]
+        seg = self.header.segment_size
+        if off < 0 or size < 0 or off % pf.ALIGNMENT or off + size > seg:
+            raise ProgramFormatError(f"named data '{key}' range [{off}, {off + size}) is "
+                                     f"misaligned or outside the segment area ({seg} bytes)",
+                                     field=f"named_data['{key}']", path=self.path)
+        base = self.segment_base + off
+        return memoryview(self.buffer)[base:base + size].toreadonly()
+
 
 def read_data(data: Any) -> tuple[Any, str | None]:
     """Returns (buffer, path) for a path, bytes-like object or binary file object."""

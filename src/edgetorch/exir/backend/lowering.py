@@ -19,7 +19,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, legalize_graph, validate_partition
 
 from edgetorch.errors import ExportError
-from edgetorch.exir.backend.backend_details import get_backend_details
+from edgetorch.exir.backend.backend_details import get_backend_details, named_data_of
 from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule
 from edgetorch.exir.backend.partitioner import DELEGATION_TAG, Partitioner
 from edgetorch.exir.clone import clone_program
@@ -157,16 +157,15 @@ def _preprocess(spec, sub_ep: ExportedProgram, outputs: list[torch.fx.Node], tag
     backend = get_backend_details(spec.backend_id)
     t1 = time.perf_counter()
     res = backend.preprocess(sub_ep, list(spec.compile_specs))
-    if res.data_store_output is not None:
-        raise ExportError(f"backend '{spec.backend_id}': PreprocessResult.data_store_output is not supported "
-                          "(edgetorch stores no named data outside the delegate blob): put the data in "
-                          "processed_bytes")
+    named = {} if res.data_store_output is None else named_data_of(res.data_store_output, spec.backend_id)
     log.info("preprocess %s partition %s (%d ops) in %.2fs", spec.backend_id, tag, n_ops, time.perf_counter() - t1)
     out_vals = [o.meta["val"] for o in outputs]
-    return LoweredBackendModule(
+    lowered = LoweredBackendModule(
         spec.backend_id, bytes(res.processed_bytes), list(spec.compile_specs), sub_ep,
         {k: tuple(v) for k, v in (res.debug_handle_map or {}).items()},
         [(tuple(v.shape), v.dtype) for v in out_vals], debug_buffer_bytes=res.debug_buffer_bytes)
+    lowered.named_data = named  # {key: bytes}: stored once per program by emission (exir.emit.DelegatePool)
+    return lowered
 
 
 def _splice(gm: torch.fx.GraphModule, inside: dict[torch.fx.Node, None], act_inputs: list[torch.fx.Node],

@@ -2209,6 +2209,66 @@ def CreateDataRange(builder, offset, size):
     return builder.Offset()
 
 
+class NamedData(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = NamedData()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsNamedData(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def NamedDataBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x45\x44\x54\x50", size_prefixed=size_prefixed)
+
+    # NamedData
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # NamedData
+    def Key(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # NamedData
+    def Offset(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
+        return 0
+
+    # NamedData
+    def Size(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
+        return 0
+
+def NamedDataStart(builder):
+    builder.StartObject(3)
+
+def NamedDataAddKey(builder, key):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(key), 0)
+
+def NamedDataAddOffset(builder, offset):
+    builder.PrependUint64Slot(1, offset, 0)
+
+def NamedDataAddSize(builder, size):
+    builder.PrependUint64Slot(2, size, 0)
+
+def NamedDataEnd(builder):
+    return builder.EndObject()
+
+
+
 class Program(object):
     __slots__ = ['_tab']
 
@@ -2308,8 +2368,32 @@ class Program(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         return o == 0
 
+    # Program
+    def NamedData(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = NamedData()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # Program
+    def NamedDataLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Program
+    def NamedDataIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        return o == 0
+
 def ProgramStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def ProgramAddVersion(builder, version):
     builder.PrependUint32Slot(0, version, 0)
@@ -2331,6 +2415,12 @@ def ProgramAddDelegateData(builder, delegateData):
 
 def ProgramStartDelegateDataVector(builder, numElems):
     return builder.StartVector(16, numElems, 8)
+
+def ProgramAddNamedData(builder, namedData):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(namedData), 0)
+
+def ProgramStartNamedDataVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
 
 def ProgramEnd(builder):
     return builder.EndObject()
