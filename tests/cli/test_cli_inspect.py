@@ -104,11 +104,12 @@ def test_gap_of_a_quantized_ort_delegate_reports_the_observer_effect(tmp_path):
     # whether exposing the Q/DQ values stops ORT fusing them into integer kernels depends on this CPU: the
     # expectation is the exposing session's final outputs against the plain run's, computed here
     from edgetorch.backends.onnxruntime.runtime import OrtDelegate
+    from edgetorch.exir.backend import lowered_module_of
     from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
     from tests.backends.onnxruntime._util import delegate_calls, rel_err
 
     lowered = to_edge_transform_and_lower(torch.export.export(q, inputs), partitioner=[OrtPartitioner()])
-    h = OrtDelegate(delegate_calls(lowered.exported_program())[0].meta["lowered_module"].processed_bytes, {})
+    h = OrtDelegate(lowered_module_of(delegate_calls(lowered.exported_program())[0]).processed_bytes, {})
     _, finals = h.capture_intermediates([inputs[0].clone()])
     plain = Runtime.get().load_program(et.buffer).load_method("forward").execute(*inputs)[0]
     exceeds = rel_err(finals[0], plain) > OBSERVER_EFFECT_TOLERANCE

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from edgetorch.errors import RecipeError
-from edgetorch.exir.backend import CALL_DELEGATE
+from edgetorch.exir.backend import CALL_DELEGATE, lowered_module_of
 from edgetorch.export import ExportRecipe, OrtRecipeType, StageType, export, recipe_registry
 from edgetorch.models import get_spec
 from tests.conftest import max_rel_err
@@ -54,7 +54,7 @@ def test_int8_recipes_run_on_ort_close_to_eager(recipe_type):
     assert n_calls >= 1 and portable == []
     lowered = [n for n in session.get_executorch_program_manager().exported_program().graph.nodes
                if n.op == "call_function" and n.target is CALL_DELEGATE]
-    inner = {str(n.target) for c in lowered for n in c.meta["lowered_module"].original_module.graph.nodes}
+    inner = {str(n.target) for c in lowered for n in lowered_module_of(c).original_module.graph.nodes}
     assert any("quantize_per_tensor" in t for t in inner)
     fake_quant = session.get_stage_artifacts()[StageType.QUANTIZE].data["forward"]
     with torch.no_grad():

@@ -34,7 +34,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from edgetorch.errors import ExportError
 from edgetorch.exir.backend.backend_details import NamedDataConflictError
-from edgetorch.exir.backend.lowered import LoweredBackendModule
+from edgetorch.exir.backend.lowered import LoweredBackendModule, is_delegate_call, lowered_module_of
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
 from edgetorch.exir.memory_planning import Buffer, MemoryPlan, plan_memory, verify_memory_plan
 from edgetorch.exir.op_variants import is_view_op, out_variant
@@ -398,15 +398,12 @@ class _MethodEmitter:
         self.node_values[node] = outs if isinstance(val, (list, tuple)) else outs[0]
 
     def emit_delegate(self, node: torch.fx.Node) -> None:
-        lowered = node.meta.get("lowered_module")
-        if not isinstance(lowered, LoweredBackendModule):
-            raise ExportError(f"method '{self.name}': delegate call '{node.name}' lost its lowered module "
-                              "(node.meta['lowered_module'])")
+        lowered = lowered_module_of(node, self.ep.graph_module)
         if self.delegate_pool is None:
             raise ExportError("delegate calls need a delegate pool")
         at = len(self.instructions)
         uses: list[int] = []
-        args = [self.convert_arg(a, torch._C.TensorType.get(), uses) for a in node.args[0]]
+        args = [self.convert_arg(a, torch._C.TensorType.get(), uses) for a in node.args[1:]]
         outs = self._new_outputs(node, pf.PLACEMENT_PLANNED, at)
         for u in uses:
             self.use(u, at)
@@ -536,12 +533,14 @@ class _MethodEmitter:
                     self.node_values[node] = vals[idx] if isinstance(vals, list) else vals
                 elif node.target in _IGNORED_TARGETS:
                     continue
-                elif _is_delegate_call(node):
+                elif is_delegate_call(node):
                     self.emit_delegate(node)
                 else:
                     self.emit_kernel(node)
             elif node.op == "output":
                 out_node = node
+            elif node.op == "get_attr" and all(is_delegate_call(u) for u in node.users):
+                continue  # a lowered module: its delegate calls emit it
             elif node.op != "placeholder":
                 raise ExportError(f"method '{self.name}': cannot emit node '{node.name}' ({node.op})")
         outputs, output_names = self.emit_outputs(out_node)
@@ -606,12 +605,6 @@ def _output_sources(lowered: LoweredBackendModule) -> tuple[OutputSource, ...]:
     res = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     res = list(res) if isinstance(res, (list, tuple)) else [res]
     return tuple(_output_source(o) for o in res[:len(sub.graph_signature.output_specs)])
-
-
-def _is_delegate_call(node: torch.fx.Node) -> bool:
-    t = node.target
-    return isinstance(t, torch._ops.OpOverload) and t.namespace == "edgetorch" and t.__name__.startswith(
-        "call_delegate")
 
 
 def emit_method(ep: ExportedProgram, name: str, constants: ConstantPool, delegates: DelegatePool | None = None,

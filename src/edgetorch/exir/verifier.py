@@ -13,6 +13,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgetorch.errors import UnsupportedOpError
+from edgetorch.exir.backend.lowered import is_delegate_call
 from edgetorch.exir.debug_handles import source_location
 
 __all__ = ["verify_edge_program"]
@@ -76,6 +77,8 @@ def verify_edge_program(ep: ExportedProgram, method: str = "forward") -> None:
                 _fail(node, "input", f"non-tensor input of type {type(v).__name__} (tensors, bool, int, float, "
                       "str and None are supported)", method)
             _check_val(node, "input", method, ranges)
+        elif node.op == "get_attr" and node.users and all(is_delegate_call(u) for u in node.users):
+            continue  # a lowered module (exir.backend.lowered), called by its delegate calls
         elif node.op == "get_attr":
             _fail(node, f"get_attr {node.target}", "submodules (control flow) are not supported", method)
         elif node.op == "call_function":
@@ -84,7 +87,7 @@ def verify_edge_program(ep: ExportedProgram, method: str = "forward") -> None:
 
 def _check_call(node: torch.fx.Node, method: str, ranges: dict) -> None:
     t = node.target
-    if t is operator.getitem or t in _IGNORED_TARGETS:
+    if t is operator.getitem or t in _IGNORED_TARGETS or is_delegate_call(node):
         return
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):

@@ -67,7 +67,7 @@ def upper_bound_storage(h: Any) -> list[torch.Tensor]:
 
 def run_lowered(ep: ExportedProgram, inputs: tuple, buffers: dict[str, torch.Tensor] | None = None,
                 handles: dict[str, Any] | None = None, tracer: Any = None) -> tuple[list, dict[str, torch.Tensor]]:
-    """Runs a lowered edge program in eager PyTorch, each ``call_delegate`` by its ORT delegate as the runtime
+    """Runs a lowered edge program in eager PyTorch, each delegate call by its ORT delegate as the runtime
     calls it: outputs are views, shaped for this run (sizes evaluated from the input sizes), of memory sized at
     the upper bounds (the same addresses every run). ``buffers`` overrides buffer values; ``handles`` caches
     delegates by key. Returns the user outputs and ``{buffer: new value}`` of the mutated buffers."""
@@ -90,10 +90,10 @@ def run_lowered(ep: ExportedProgram, inputs: tuple, buffers: dict[str, torch.Ten
         def call_function(self, target: Any, a: tuple, kw: dict) -> Any:
             if target is not CALL_DELEGATE:
                 return super().call_function(target, a, kw)
-            ins, key = list(a[0]), a[1]
-            lm = next(n for n in ep.graph.nodes if n.op == "call_function" and n.target is CALL_DELEGATE
-                      and n.args[1] == key).meta["lowered_module"]
-            h = handles.setdefault(key, OrtDelegate(lm.processed_bytes, dict(lm.compile_spec_items)))
+            lm, ins = a[0], list(a[1:])  # the get_attr of the lowered module, then the inputs
+            key = f"{lm.module_name}@{id(lm)}"
+            h = handles.setdefault(key, OrtDelegate(lm.processed_bytes, dict(lm.compile_spec_items),
+                                                      getattr(lm, "named_data", None)))
             env = h.symbols(ins)  # this run's shapes, as the runtime computes them from the input sizes
             shapes = [_shapes.resolve(o["shape"], env) for o in h.header["outputs"]]
             flat = storage.setdefault(key, upper_bound_storage(h))

@@ -13,6 +13,7 @@ import torch
 from edgetorch.backends.onnxruntime import _blob
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate
 from edgetorch.errors import KernelError
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import (
     delegate_calls,
@@ -40,7 +41,7 @@ def mlp():
 
 
 def _blob_bytes(low) -> bytes:
-    return delegate_calls(low.lowered)[0].meta["lowered_module"].processed_bytes
+    return lowered_module_of(delegate_calls(low.lowered)[0]).processed_bytes
 
 
 def _model(data: bytes) -> onnx.ModelProto:
@@ -99,7 +100,7 @@ def test_a_debug_program_profiles_the_first_run_on_the_session_built_at_load(mlp
     assert h.observer_checks == checks and h.profiled_runs == 1  # a float model: checked only when asked
     assert built is sessions[0] is sessions[1] is sessions[2]  # the one session serves every debug run
     events = delegate_profile_events(prog)
-    dmap = delegate_calls(mlp.lowered)[0].meta["lowered_module"].debug_handle_map
+    dmap = lowered_module_of(delegate_calls(mlp.lowered)[0]).debug_handle_map
     assert events and all(e.delegate_debug_id_str in dmap for e in events)
     assert "Gemm" in {json.loads(e.delegate_debug_metadata)["op"] for e in events}
 

@@ -16,6 +16,7 @@ from edgetorch.backends.onnxruntime import OrtPartitioner, _blob, _shapes
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate, OrtRuntime
 from edgetorch.errors import RuntimeInputError
 from edgetorch.exir import to_edge
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.exir.config import EdgeCompileConfig
 from edgetorch.models import get_model
 from tests.backends.onnxruntime._dynamic import (
@@ -63,7 +64,7 @@ def tiny():
     model = TinyBlock().eval()
     edge, lowered, part = _lower(model, (torch.randn(1, 8, 32),), ({1: Dim("seq", min=LO, max=HI)},))
     (call,) = delegate_calls(lowered)
-    blob = call.meta["lowered_module"].processed_bytes
+    blob = lowered_module_of(call).processed_bytes
     return model, edge, lowered, part, blob
 
 
@@ -77,7 +78,7 @@ def test_the_dynamic_graph_is_one_partition_that_takes_and_returns_tensors(tiny)
     assert not [r for r in part.rejected if "dynamic" in r.reason], part.rejected
     assert compute_nodes(lowered) == []  # sizes included: nothing left to the portable backend
     (call,) = delegate_calls(lowered)
-    assert all(isinstance(a.meta["val"], torch.Tensor) for a in call.args[0])
+    assert all(isinstance(a.meta["val"], torch.Tensor) for a in call.args[1:])
     sym = _symbol(edge)
     for v in call.meta["val"]:
         assert isinstance(v, torch.Tensor) and str(v.shape[1]) == sym
@@ -200,7 +201,7 @@ def test_sizes_read_by_several_partitions_are_copied_into_each():
     assert len(calls) == 2
     assert [n.target for n in compute_nodes(lowered)] == [torch.ops.aten.scaled_dot_product_attention.default]
     for call in calls:
-        assert all(isinstance(a.meta["val"], torch.Tensor) for a in call.args[0])
+        assert all(isinstance(a.meta["val"], torch.Tensor) for a in call.args[1:])
         assert all(isinstance(v, torch.Tensor) for v in call.meta["val"])
     handles: dict = {}
     for s in (LO, 9, HI):
@@ -244,8 +245,8 @@ def test_a_size_read_inside_and_outside_partitions_gets_a_portable_copy(tiny):
     (size,) = [n for n in portable if n.target is sym_size]
     assert [u.target for u in size.users] == [view.target]
     for call in calls:
-        assert all(isinstance(a.meta["val"], torch.Tensor) for a in call.args[0])
-        inner = call.meta["lowered_module"].original_module
+        assert all(isinstance(a.meta["val"], torch.Tensor) for a in call.args[1:])
+        inner = lowered_module_of(call).original_module
         assert any(n.target is sym_size for n in inner.graph.nodes)  # its own copy of the size
     handles: dict = {}
     for s in (HI, LO, 21):

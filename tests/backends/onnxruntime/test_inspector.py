@@ -12,6 +12,7 @@ from edgetorch.backends.onnxruntime import OrtPartitioner, _blob
 from edgetorch.devtools import Inspector
 from edgetorch.errors import ObserverEffectWarning
 from edgetorch.exir import to_edge, to_edge_transform_and_lower
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import (
@@ -27,7 +28,7 @@ def _inspect(name: str, tmp: str, perturb: bool = False):
     model, inputs = get_model(name)
     ep = torch.export.export(model, inputs)
     epm = to_edge_transform_and_lower(ep, partitioner=[OrtPartitioner()], generate_etrecord=True)
-    lowered = delegate_calls(epm.exported_program())[0].meta["lowered_module"]
+    lowered = lowered_module_of(delegate_calls(epm.exported_program())[0])
     planted = None
     if perturb:
         lowered.processed_bytes, _, onnx_node = perturb_blob(lowered.processed_bytes)

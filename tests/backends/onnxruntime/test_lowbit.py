@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from edgetorch.backends.onnxruntime import _blob
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.export import ExportRecipe, OrtRecipeType, StageType, export
 from edgetorch.export.lowbit import LowBitLinear
 from edgetorch.models.generation import greedy_generate_with_logits
@@ -36,7 +37,7 @@ def _onnx_models(session, method):
     ep = session.get_edge_program_manager().exported_program(method)
     out = []
     for call in delegate_calls(ep):
-        u = _blob.unpack(call.meta["lowered_module"].processed_bytes)
+        u = _blob.unpack(lowered_module_of(call).processed_bytes)
         out.append((onnx.ModelProto.FromString(bytes(u.model)), dict(u.initializers)))
     return out
 

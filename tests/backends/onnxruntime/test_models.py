@@ -8,6 +8,7 @@ import torch
 
 from edgetorch.backends.onnxruntime import OrtPartitioner
 from edgetorch.exir import to_edge_transform_and_lower
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import (
@@ -44,10 +45,10 @@ def _check_model(name: str, tmp_path) -> None:
     with runtime_options(observer_effect="first"):  # float: not checked by default ("auto"), checked here
         logged = traced_delegate_outputs(low.et, inputs, str(tmp_path))
     call = delegate_calls(low.lowered)[0]
-    dmap = call.meta["lowered_module"].debug_handle_map
+    dmap = lowered_module_of(call).debug_handle_map
     ref = edge_group_outputs(low.edge, inputs)
     values = [(d, v) for d, v in logged if d != "observer_effect"]
-    assert len(values) >= 0.9 * len(call.meta["lowered_module"].debug_handles())
+    assert len(values) >= 0.9 * len(lowered_module_of(call).debug_handles())
     for did, v in values:
         (h,) = dmap[did]
         got_v = v if isinstance(v, list) else [v]

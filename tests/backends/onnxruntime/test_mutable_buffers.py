@@ -12,6 +12,7 @@ from torch.export.graph_signature import OutputKind
 
 from edgetorch.backends.onnxruntime import OrtPartitioner, _blob
 from edgetorch.exir import to_edge
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.exir.config import EdgeCompileConfig
 from tests.backends.onnxruntime._dynamic import run_lowered
 from tests.backends.onnxruntime._util import delegate_calls, rel_err
@@ -59,7 +60,7 @@ def _update_node(ep) -> torch.fx.Node:
 
 def _no_cache_constant(lowered) -> None:
     for call in delegate_calls(lowered):
-        lm = call.meta["lowered_module"]
+        lm = lowered_module_of(call)
         sub = lm.original_module
         assert not [k for k in [*sub.state_dict, *sub.constants] if "cache" in k]
         inits = _blob.unpack(lm.processed_bytes).initializers
@@ -93,7 +94,7 @@ def test_the_node_computing_the_new_cache_stays_portable(read_first):
 def test_attention_after_the_update_reads_the_new_cache_as_an_input():
     model, _, lowered, _ = _lower(read_first=False)
     update = _update_node(lowered)
-    readers = [c for c in delegate_calls(lowered) if update in c.args[0]]
+    readers = [c for c in delegate_calls(lowered) if update in c.args[1:]]
     assert len(readers) == 1
     _steps(model, lowered)
 
@@ -103,7 +104,7 @@ def test_attention_before_the_update_takes_the_cache_as_an_input():
     (ph,) = [n for n in lowered.graph.nodes if n.op == "placeholder" and
              lowered.graph_signature.inputs_to_buffers.get(n.name) == "cache"]
     (call,) = delegate_calls(lowered)
-    assert ph in call.args[0]
+    assert ph in call.args[1:]
     # the delegate reads the cache at run time: after the first step it is no longer the zeros of the export
     _steps(model, lowered)
 

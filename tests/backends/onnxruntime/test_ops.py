@@ -10,6 +10,7 @@ import torch
 from edgetorch.backends.onnxruntime import OrtPartitioner
 from edgetorch.backends.onnxruntime import ops as ort_ops
 from edgetorch.exir import to_edge_transform_and_lower
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import compute_nodes, delegate_calls, rel_err
 
@@ -154,7 +155,7 @@ def test_op_runs_on_ort_like_eager(op):
     ep = epm.exported_program()
     call = delegate_calls(ep)
     assert call, f"{op} was not delegated: {part.rejected}"
-    inner = {n.target for c in call for n in c.meta["lowered_module"].original_module.graph.nodes}
+    inner = {n.target for c in call for n in lowered_module_of(c).original_module.graph.nodes}
     assert op in inner, f"{op} is not in the delegated partition ({part.rejected})"
     assert op not in {n.target for n in compute_nodes(ep)}
     got = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute_structured(*inputs)

@@ -10,7 +10,7 @@ from torch.fx.passes.utils.fuser_utils import validate_partition
 from edgetorch.backends.onnxruntime import OrtPartitioner
 from edgetorch.errors import ExportError
 from edgetorch.exir import to_edge, to_edge_transform_and_lower
-from edgetorch.exir.backend import DELEGATION_TAG, get_delegation_info
+from edgetorch.exir.backend import DELEGATION_TAG, get_delegation_info, lowered_module_of
 from edgetorch.models import get_model, get_spec, method_module
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import compute_nodes, delegate_calls, lower_ort, rel_err
@@ -147,7 +147,7 @@ def test_keep_whole_linear_and_layer_norm():
     assert part.ops_to_not_decompose(None)[0] == [torch.ops.aten.linear.default, torch.ops.aten.layer_norm.default]
     epm = to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=[part])
     call = delegate_calls(epm.exported_program())[0]
-    inner = {n.target for n in call.meta["lowered_module"].original_module.graph.nodes}
+    inner = {n.target for n in lowered_module_of(call).original_module.graph.nodes}
     assert torch.ops.aten.linear.default in inner
     out = Runtime.get().load_program(epm.to_executorch().buffer).load_method("forward").execute_structured(*inputs)
     assert rel_err(out, model(*inputs)) <= 1e-4

@@ -15,6 +15,7 @@ from onnx import numpy_helper as nh
 
 from edgetorch.backends.onnxruntime import _blob, _qdq
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate, set_runtime_options
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.export import ExportRecipe, OrtRecipeType, export
 from edgetorch.runtime import Runtime
 from tests.backends.onnxruntime._util import delegate_calls
@@ -96,7 +97,7 @@ def int8_program() -> tuple[torch.nn.Module, list[tuple], bytes, bytes]:
     session = export(model, calib, ExportRecipe.get_recipe(OrtRecipeType.INT8_STATIC_PER_CHANNEL))
     calls = delegate_calls(session.get_edge_program_manager().exported_program())
     assert len(calls) == 1
-    return model, calib, session.get_pte_buffer(), bytes(calls[0].meta["lowered_module"].processed_bytes)
+    return model, calib, session.get_pte_buffer(), bytes(lowered_module_of(calls[0]).processed_bytes)
 
 
 def test_the_plain_session_model_has_uint8_activations_and_int8_weights(int8_program) -> None:

@@ -21,6 +21,7 @@ from edgetorch.backends.onnxruntime import _blob
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate
 from edgetorch.devtools import Inspector
 from edgetorch.errors import ObserverEffectWarning
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.export.quantizer import SymmetricInt8Quantizer
 from edgetorch.formats.etdump import OBSERVER_EFFECT_TOLERANCE
 from edgetorch.models import get_model
@@ -58,9 +59,9 @@ def quantized(request):
 def test_qdq_nodes_are_delegated_and_export_as_quantize_linear(quantized):
     q, inputs, low, _ = quantized
     assert compute_nodes(low.lowered) == [] and len(delegate_calls(low.lowered)) == 1
-    inner = {str(n.target) for n in delegate_calls(low.lowered)[0].meta["lowered_module"].original_module.graph.nodes}
+    inner = {str(n.target) for n in lowered_module_of(delegate_calls(low.lowered)[0]).original_module.graph.nodes}
     assert any("quantize_per_tensor" in t for t in inner)
-    proto = onnx.ModelProto.FromString(bytes(_blob.unpack(delegate_calls(low.lowered)[0].meta["lowered_module"]
+    proto = onnx.ModelProto.FromString(bytes(_blob.unpack(lowered_module_of(delegate_calls(low.lowered)[0])
                                                           .processed_bytes).model))
     ops = {n.op_type for n in proto.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
@@ -99,7 +100,7 @@ def test_inspector_reports_the_observer_effect_of_fused_integer_kernels(tmp_path
     # independently, on this machine: the exposing session's final outputs against the plain run's. Whether
     # exposing the Q/DQ values stops ORT fusing them into integer kernels depends on the CPU (VNNI/AVX-512
     # kernels), so the expectation is computed here and both outcomes are checked
-    h = OrtDelegate(delegate_calls(low.lowered)[0].meta["lowered_module"].processed_bytes, {})
+    h = OrtDelegate(lowered_module_of(delegate_calls(low.lowered)[0]).processed_bytes, {})
     _, finals = h.capture_intermediates([inputs[0].clone()])
     expected = rel_err(finals[0], out)
     exceeds = expected > OBSERVER_EFFECT_TOLERANCE
@@ -117,7 +118,7 @@ def test_inspector_reports_the_observer_effect_of_fused_integer_kernels(tmp_path
 def test_every_quantized_conv_and_linear_runs_as_an_integer_kernel(tmp_path):
     q, inputs = _quantized("small_cnn")
     low = lower_ort(q, inputs)
-    h = OrtDelegate(delegate_calls(low.lowered)[0].meta["lowered_module"].processed_bytes, {})
+    h = OrtDelegate(lowered_module_of(delegate_calls(low.lowered)[0]).processed_bytes, {})
     so = h.session_options()
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(h._model_bytes, so, providers=["CPUExecutionProvider"])

@@ -16,6 +16,7 @@ import torch
 from edgetorch.backends.onnxruntime import _blob
 from edgetorch.backends.onnxruntime.runtime import OrtDelegate, OrtRuntime, set_runtime_options
 from edgetorch.errors import ProgramFormatError
+from edgetorch.exir.backend import lowered_module_of
 from edgetorch.exir.program import EdgeProgramManager
 from edgetorch.models import get_model
 from edgetorch.runtime import Runtime
@@ -38,7 +39,7 @@ def cnn():
 
 
 def _blob_of(low) -> bytes:
-    return delegate_calls(low.lowered)[0].meta["lowered_module"].processed_bytes
+    return lowered_module_of(delegate_calls(low.lowered)[0]).processed_bytes
 
 
 def _handle(method) -> OrtDelegate:
@@ -48,7 +49,7 @@ def _handle(method) -> OrtDelegate:
 
 def _with_blob(low, blob: bytes):
     """The lowered program re-emitted with its (only) delegate blob replaced."""
-    lowered = delegate_calls(low.lowered)[0].meta["lowered_module"]
+    lowered = lowered_module_of(delegate_calls(low.lowered)[0])
     old = lowered.processed_bytes
     lowered.processed_bytes = blob
     try:
@@ -163,7 +164,7 @@ def test_profile_events_inside_the_delegate_map_to_edge_handles(cnn):
     assert rel_err(out, cnn.model(*cnn.inputs)) <= 1e-5
     events = delegate_profile_events(prog)
     assert len(events) >= 5
-    dmap = delegate_calls(cnn.lowered)[0].meta["lowered_module"].debug_handle_map
+    dmap = lowered_module_of(delegate_calls(cnn.lowered)[0]).debug_handle_map
     mapped = [e for e in events if e.delegate_debug_id_str in dmap]
     assert len(mapped) >= 0.5 * len(events)
     for e in events:
@@ -247,7 +248,7 @@ def test_planted_fault_shows_first_at_the_perturbed_op(name, tmp_path):
     diffs = [d for (d, a), (_, b) in zip(ok_dump, bad_dump)
              if d != "observer_effect" and not all(torch.equal(x, y) for x, y in zip(tensors_of(a), tensors_of(b)))]
     assert diffs and diffs[0] == first
-    dmap = delegate_calls(low.lowered)[0].meta["lowered_module"].debug_handle_map
+    dmap = lowered_module_of(delegate_calls(low.lowered)[0]).debug_handle_map
     assert set(dmap[diffs[0]]) == expected
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from edgetorch.devtools.etrecord._lowered_serde import MAX_NESTING, LoweredDataError, encode_lowered, restore_lowered
 from edgetorch.devtools.etrecord._tensors import (
     TensorBlobWriter,
     TensorDataError,
@@ -74,6 +75,9 @@ _EXPR_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow
              ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.And, ast.Or, ast.BitAnd, ast.BitOr)
 _MAX_EXPR_CHARS = 65536
 _MAX_EXPR_DEPTH = 100
+
+
+_INDEX_KEYS = {"state_dict", "constants", "example_inputs"}
 
 
 class ProgramDataError(ValueError):
@@ -264,9 +268,18 @@ def _portable_call_graph(ep: ExportedProgram) -> ExportedProgram:
     return out
 
 
-def serialize_program(ep: ExportedProgram, what: str, blobs: TensorBlobWriter) -> tuple[bytes, bytes]:
+def serialize_program(ep: ExportedProgram, what: str, blobs: TensorBlobWriter, _depth: int = 0
+                      ) -> tuple[bytes, bytes]:
     """Returns (graph JSON, tensor index JSON); tensors go to ``blobs``. Raises ``UnsupportedValueError`` /
-    ``ProgramDataError`` with a message naming ``what`` when the program cannot be stored."""
+    ``ProgramDataError`` with a message naming ``what`` when the program cannot be stored. The lowered modules
+    of a delegated program go to the index (``_lowered_serde``)."""
+    def nested(sub: ExportedProgram, where: str) -> tuple[Any, Any]:
+        if _depth >= MAX_NESTING:
+            raise ProgramDataError(f"{where}: lowered modules nest more than {MAX_NESTING} levels deep")
+        g, i = serialize_program(sub, where, blobs, _depth + 1)
+        return json.loads(g), json.loads(i)
+
+    lowered = encode_lowered(ep, blobs, what, nested)
     index: dict[str, Any] = {
         "state_dict": _encode_tensor_dict(dict(ep.state_dict), blobs, f"{what}: state_dict entry"),
         "constants": _encode_tensor_dict(dict(ep.constants), blobs, f"{what}: constant"),
@@ -283,6 +296,8 @@ def serialize_program(ep: ExportedProgram, what: str, blobs: TensorBlobWriter) -
     except Exception as e:
         raise ProgramDataError(f"{what}: torch.export cannot serialize this program "
                                f"({type(e).__name__}: {e})") from e
+    if lowered:
+        index["lowered_modules"] = lowered
     return art.exported_program, json.dumps(index, separators=(",", ":")).encode()
 
 
@@ -304,9 +319,9 @@ def _decode_tensor_dict(items: Any, reader: TensorReader, what: str) -> dict[str
 
 
 def deserialize_program(graph_json: bytes, index_json: bytes, reader: TensorReader,
-                        names: tuple[str, str]) -> ExportedProgram:
-    """Rebuilds a program from its entries ``names`` = (graph, index), tensors from ``reader``. Raises
-    ``ProgramDataError`` whose ``args[1]`` is the entry at fault."""
+                        names: tuple[str, str], _depth: int = 0) -> ExportedProgram:
+    """Rebuilds a program (with its lowered modules) from its entries ``names`` = (graph, index), tensors from
+    ``reader``. Raises ``ProgramDataError`` whose ``args[1]`` is the entry at fault."""
     g_name, i_name = names
     try:
         doc = json.loads(graph_json)
@@ -316,8 +331,9 @@ def deserialize_program(graph_json: bytes, index_json: bytes, reader: TensorRead
         raise ProgramDataError(f"{e}", g_name) from None
     try:
         index = json.loads(index_json)
-        if not isinstance(index, dict) or set(index) != {"state_dict", "constants", "example_inputs"}:
-            raise ProgramDataError("tensor index must hold exactly state_dict, constants and example_inputs")
+        if not isinstance(index, dict) or not _INDEX_KEYS <= set(index) <= {*_INDEX_KEYS, "lowered_modules"}:
+            raise ProgramDataError("tensor index must hold exactly state_dict, constants and example_inputs "
+                                   "(and lowered_modules)")
         state_dict = _decode_tensor_dict(index["state_dict"], reader, "state_dict entry")
         constants = _decode_tensor_dict(index["constants"], reader, "constant")
         example_inputs = None
@@ -339,4 +355,19 @@ def deserialize_program(graph_json: bytes, index_json: bytes, reader: TensorRead
         check_program_targets(ep)
     except ProgramDataError as e:
         raise ProgramDataError(str(e), g_name) from None
+    _restore_lowered(ep, index.get("lowered_modules", []), reader, names, _depth)
     return ep
+
+
+def _restore_lowered(ep: ExportedProgram, items: Any, reader: TensorReader, names: tuple[str, str],
+                     depth: int) -> None:
+    def build(graph: Any, index: Any) -> ExportedProgram:
+        if depth >= MAX_NESTING:
+            raise LoweredDataError(f"lowered modules nest more than {MAX_NESTING} levels deep")
+        return deserialize_program(json.dumps(graph).encode(), json.dumps(index).encode(), reader, names,
+                                   depth + 1)
+
+    try:
+        restore_lowered(ep, items, reader, build)
+    except (ValueError, RecursionError) as e:
+        raise ProgramDataError(f"lowered modules: {e.args[0] if e.args else e}", names[1]) from None

@@ -32,7 +32,7 @@ NAMESPACES = ("aten", "quantized_decomposed", "edgetorch", "torchao")
 _LAZY_NAMESPACE_MODULES = {
     "quantized_decomposed": "torch.ao.quantization.fx._decomposed",
     "torchao": "torchao.quantization.quant_primitives",
-    "edgetorch": "edgetorch.exir.backend.lowered",
+    "edgetorch": "edgetorch.runtime.lowbit",
 }
 #: the Python callables a stored target may name: ``operator::<name>`` (getitem and the arithmetic, bitwise and
 #: comparison functions of symbolic shapes), ``torch::<name>`` (``torch.sym_*``) and ``math::<name>``. A fixed

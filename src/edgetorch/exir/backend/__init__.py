@@ -7,7 +7,7 @@ from edgetorch.exir.backend.backend_details import (
     register_backend_details,
 )
 from edgetorch.exir.backend.delegation_info import DelegationInfo, get_delegation_info
-from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule
+from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule, delegate_calls, lowered_module_of
 from edgetorch.exir.backend.partitioner import (
     DELEGATION_TAG,
     CompileSpec,
@@ -28,6 +28,8 @@ __all__ = [
     "Partitioner",
     "PreprocessResult",
     "get_backend_details",
+    "delegate_calls",
     "get_delegation_info",
+    "lowered_module_of",
     "register_backend_details",
 ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from edgetorch.exir.backend.lowered import CALL_DELEGATE, lookup
+from edgetorch.exir.backend.lowered import is_delegate_call, lowered_module_of
 
 __all__ = ["DelegationInfo", "get_delegation_info"]
 
@@ -44,15 +44,16 @@ class DelegationInfo:
 
 
 def get_delegation_info(graph_module: torch.fx.GraphModule) -> DelegationInfo:
-    """Counts ops per type inside delegate calls (their original partitions) and outside."""
+    """Counts ops per type inside delegate calls (the original partitions of the ``lowered_module_*`` submodules
+    they call) and outside."""
     by_op: dict[str, list[int]] = {}
     subgraphs = delegated = non_delegated = 0
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or node.target in _SKIP:
             continue
-        if node.target is CALL_DELEGATE:
+        if is_delegate_call(node):
             subgraphs += 1
-            lowered = node.meta.get("lowered_module") or lookup(node.args[1])
+            lowered = lowered_module_of(node, graph_module)
             for inner in lowered.original_module.graph.nodes:
                 if inner.op == "call_function" and inner.target not in _SKIP:
                     by_op.setdefault(_op_name(inner), [0, 0])[0] += 1

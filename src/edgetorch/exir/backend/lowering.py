@@ -1,9 +1,11 @@
-"""``to_backend``: replaces each tagged partition of an edge program with one ``call_delegate`` node.
+"""``to_backend``: replaces each tagged partition of an edge program with one delegate call.
 
 The input program is never mutated (the ETRecord holds it): the graph is copied first. For every partition the
 subgraph is re-exported as its own ExportedProgram (parameters it reads become buffers, so backends see them as
-constants), handed to the backend's ``preprocess``, and replaced by a delegate call; parameters that only the
-partition read leave the owning program (they live in the delegate blob).
+constants), handed to the backend's ``preprocess``, and replaced by a delegate call
+``executorch_call_delegate(lowered_module_<i>, *inputs)`` whose first argument is a ``get_attr`` of the
+``LoweredBackendModule``, a submodule of the lowered program's graph module (``exir.backend.lowered``);
+parameters that only the partition read leave the owning program (they live in the delegate blob).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, legalize_grap
 
 from edgetorch.errors import ExportError
 from edgetorch.exir.backend.backend_details import get_backend_details, named_data_of
-from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule
+from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule, attach_lowered_module
 from edgetorch.exir.backend.partitioner import DELEGATION_TAG, Partitioner
 from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import get_debug_handle, set_debug_handle, source_location
@@ -76,7 +78,7 @@ def _partition_program(ep: ExportedProgram, nodes: list[torch.fx.Node], name: st
                        ) -> tuple[ExportedProgram, list[torch.fx.Node], list[torch.fx.Node]]:
     """Re-exports ``nodes`` as a standalone program; returns it, its activation inputs and its outputs."""
     gm = ep.graph_module
-    sub_gm, orig_inputs, orig_outputs = fuse_as_graphmodule(gm, nodes, name)
+    sub_gm, orig_inputs, orig_outputs = fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)
     sig = ep.graph_signature
     mutated = set(sig.buffers_to_mutate.values())  # state: passed to the delegate at run time, never baked in
     const_targets = {k: v for k, v in {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
@@ -159,24 +161,25 @@ def _preprocess(spec, sub_ep: ExportedProgram, outputs: list[torch.fx.Node], tag
     res = backend.preprocess(sub_ep, list(spec.compile_specs))
     named = {} if res.data_store_output is None else named_data_of(res.data_store_output, spec.backend_id)
     log.info("preprocess %s partition %s (%d ops) in %.2fs", spec.backend_id, tag, n_ops, time.perf_counter() - t1)
-    out_vals = [o.meta["val"] for o in outputs]
     lowered = LoweredBackendModule(
         spec.backend_id, bytes(res.processed_bytes), list(spec.compile_specs), sub_ep,
-        {k: tuple(v) for k, v in (res.debug_handle_map or {}).items()},
-        [(tuple(v.shape), v.dtype) for v in out_vals], debug_buffer_bytes=res.debug_buffer_bytes)
+        {k: tuple(v) for k, v in (res.debug_handle_map or {}).items()}, res.debug_buffer_bytes)
     lowered.named_data = named  # {key: bytes}: stored once per program by emission (exir.emit.DelegatePool)
     return lowered
 
 
 def _splice(gm: torch.fx.GraphModule, inside: dict[torch.fx.Node, None], act_inputs: list[torch.fx.Node],
             outputs: list[torch.fx.Node], lowered: LoweredBackendModule, handle: int, name: str) -> None:
-    """Step 4, splice (and step 5, handles): one delegate call (debug handle ``handle``, shared by its
-    getitems) replaces the partition's nodes."""
+    """Step 4, splice (and step 5, handles): ``lowered`` becomes a submodule of ``gm``, read by a ``get_attr``
+    node; one delegate call on it (debug handle ``handle``, shared by its getitems) replaces the partition's
+    nodes."""
     nodes = list(inside)
+    attr = attach_lowered_module(gm, lowered)
     with gm.graph.inserting_after(nodes[-1]):
-        call = gm.graph.call_function(CALL_DELEGATE, (list(act_inputs), lowered.key))
-    call.meta["val"] = [o.meta["val"] for o in outputs]
-    call.meta["lowered_module"] = lowered
+        module_node = gm.graph.get_attr(attr)
+    with gm.graph.inserting_after(module_node):
+        call = gm.graph.call_function(CALL_DELEGATE, (module_node, *act_inputs))
+    call.meta["val"] = tuple(o.meta["val"] for o in outputs)
     call.meta["stack_trace"] = nodes[0].meta.get("stack_trace")
     call.meta["nn_module_stack"] = nodes[0].meta.get("nn_module_stack")
     set_debug_handle(call, handle)
