@@ -6,14 +6,16 @@ recipe and calibrated on 4 samples:
 
 - **clean**: no plant. ``find_culprits(calculate_numeric_gap(..., reference_graph="float"))``'s first row should be
   the layer where the accumulated SQNR falls most (the largest drop from the previous row's accumulated SQNR, in
-  execution order); reported as ``clean_top1``.
+  execution order, over the quantized rows with a finite local SQNR; the first row falls from the median local SQNR
+  of those rows, what one INT8 rounding of its input gives); reported as ``clean_top1``.
 - **planted**: one weight given an outlier (60 x its largest magnitude: its per-tensor INT8 scale is ruined, the
   layer's own quantization is bad), ``--sites`` weights per model spread over its depth. ``top1``: the first
   culprit's ops read that weight. ``find_fix`` with a tolerance of ``--factor`` x the final error of the clean INT8
   model: ``fixed`` when it returns a proven fix.
 
 Usage: ``python bench/bench_planted_int8.py [--families mlp,small_cnn,...] [--sites 4] [--json out.json]``.
-Prints one line per case and a summary (top-1 rate over planted cases, clean cases matched, fixes found).
+Prints one line per case, one line per family (planted named first, fixes proven, re-exports used, clean model
+matched) and a summary (top-1 rate over planted cases, clean cases matched, fixes found).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_culprits as B  # noqa: E402
 
-FAMILIES = ("mlp", "small_cnn", "transformer_encoder", "vit_tiny", "bert", "gpt2")
+FAMILIES = ("mlp", "small_cnn", "mobilenet_v2", "transformer_encoder", "vit_tiny", "bert", "gpt2")
 
 
 def _table(model: torch.nn.Module, samples: list[tuple]) -> Any:
@@ -64,13 +66,25 @@ def _table(model: torch.nn.Module, samples: list[tuple]) -> Any:
 
 
 def _steepest_drop(table: Any) -> Any:
-    """The index of the quantized row whose accumulated SQNR falls most from the previous finite one."""
-    prev, best, at = None, -math.inf, None
-    for i, s, q in zip(table.index, table["sqnr_db"], table.get("quantized", [True] * len(table))):
-        s = None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s)
+    """The index of the quantized row (finite local SQNR) whose accumulated SQNR falls most from the previous finite
+    one; the first such row falls from the median local SQNR of those rows (one INT8 rounding of its input)."""
+    def num(v: Any) -> float | None:
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+    quantized = table.get("quantized", [True] * len(table))
+    rows = [i for i, loc, q in zip(table.index, table["local_sqnr_db"], quantized)
+            if q and num(loc) is not None and math.isfinite(num(loc))]
+    if not rows:
+        return None
+    locals_ = sorted(float(table.at[i, "local_sqnr_db"]) for i in rows)
+    n = len(locals_)
+    prev = locals_[n // 2] if n % 2 else (locals_[n // 2 - 1] + locals_[n // 2]) / 2
+    best, at, keep = -math.inf, None, set(rows)
+    for i, s in zip(table.index, table["sqnr_db"]):
+        s = num(s)
         if s is None or not math.isfinite(s):
             continue
-        if prev is not None and q and prev - s > best:
+        if i in keep and prev - s > best:
             best, at = prev - s, i
         prev = s
     return at
@@ -131,18 +145,30 @@ def run_family(family: str, sites: int, factor: float, log: Any) -> list[dict[st
     return rows
 
 
+def _family_line(family: str, rows: list[dict[str, Any]]) -> str:
+    planted = [r for r in rows if r["plant"] is not None and r["bad"]]
+    clean = [r for r in rows if r["plant"] is None]
+    weak = sum(1 for r in rows if r["plant"] is not None and not r["bad"])
+    return (f"{family:20s} planted named first {sum(r['top1'] for r in planted)}/{len(planted)}, fix proven "
+            f"{sum(r['fixed'] for r in planted)}/{len(planted)}, re-exports {sum(r['reexports'] for r in planted)} "
+            f"(max {max((r['reexports'] for r in planted), default=0)}), clean first = steepest drop "
+            f"{sum(r['top1'] for r in clean)}/{len(clean)}, weak plants {weak}")
+
+
 def summarize(rows: list[dict[str, Any]]) -> str:
     weak = [r for r in rows if r["plant"] is not None and not r["bad"]]
     planted = [r for r in rows if r["plant"] is not None and r["bad"]]
     clean = [r for r in rows if r["plant"] is None]
-    models = sorted({r["family"] for r in rows})
+    models = list(dict.fromkeys(r["family"] for r in rows))
     top1 = sum(r["top1"] for r in planted)
     fixed = sum(r["fixed"] for r in planted)
-    return (f"{len(models)} models, {len(planted)} planted bad layers: first culprit = planted layer "
-            f"{top1}/{len(planted)} ({100 * top1 / max(len(planted), 1):.1f} %); find_fix proven {fixed}/"
-            f"{len(planted)}; clean models: first culprit = steepest accumulated-SQNR drop "
-            f"{sum(r['top1'] for r in clean)}/{len(clean)}; {len(weak)} plant(s) left the INT8 error within the "
-            "tolerance (not a bad layer: not counted)")
+    lines = [_family_line(f, [r for r in rows if r["family"] == f]) for f in models]
+    return "\n".join(lines + [
+        f"{len(models)} models, {len(planted)} planted bad layers: first culprit = planted layer "
+        f"{top1}/{len(planted)} ({100 * top1 / max(len(planted), 1):.1f} %); find_fix proven {fixed}/"
+        f"{len(planted)}; clean models: first culprit = steepest accumulated-SQNR drop "
+        f"{sum(r['top1'] for r in clean)}/{len(clean)}; {len(weak)} plant(s) left the INT8 error within the "
+        "tolerance (not a bad layer: not counted)"])
 
 
 def main() -> None:

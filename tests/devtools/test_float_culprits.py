@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgetorch.devtools.inspector.culprits import find_culprits
+from edgetorch.devtools.inspector.culprits import DROP_DB, EXCESS_DB, find_culprits
 from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
 from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig
 from edgetorch.workflows.quant_fallback import coarsen_weight, inspect_quantized, quantize_pt2e_program
@@ -46,8 +46,11 @@ def test_find_culprits_takes_the_float_table_and_names_the_planted_layer(table):
     assert not culprits.empty and culprits.iloc[0]["module"] == "bad"
     finite = [v for v, q in zip(df["local_sqnr_db"], df["quantized"]) if q and math.isfinite(v)]
     assert culprits.iloc[0]["local_sqnr_db"] == min(finite)  # the lowest local SQNR of a quantized row
-    assert list(culprits["local_sqnr_db"]) == sorted(culprits["local_sqnr_db"])
-    assert "local SQNR" in culprits.iloc[0]["evidence"]
+    first = culprits.iloc[0]
+    assert first["local_excess_db"] >= EXCESS_DB and first["sqnr_drop_db"] >= DROP_DB  # abnormal, and it costs
+    assert "worse than the table's typical" in first["evidence"] and "local SQNR" in first["evidence"]
+    rest = [d for d, e in zip(culprits["sqnr_drop_db"], culprits["local_excess_db"]) if e < EXCESS_DB]
+    assert rest == sorted(rest, reverse=True)  # then the steepest accumulated drop first
     assert culprits.attrs["lost_from"] is None  # the accumulated SQNR stays above 0 dB
 
 

@@ -379,10 +379,10 @@ def _bars(html: str) -> list[tuple[int, bool]]:
 
 
 def test_quant_section_names_the_worst_layers_in_rank_order(quant_table, tmp_path) -> None:  # noqa: ANN001
-    from edgetorch.devtools.inspector.float_reference import rank_quantization_culprits
+    from edgetorch.devtools.inspector.culprits import find_culprits
 
     html = open(write_report(tmp_path / "q.html", None, quant_df=quant_table)).read()
-    ranked = rank_quantization_culprits(quant_table, 5)
+    ranked = find_culprits(quant_table, 5)  # the one culprit API's ranking of the float table
     pos = {label: k for k, label in enumerate(quant_table.index)}
     worst = [pos[i] for i in ranked.index]
     assert re.findall(r"<li><a href='#q(\d+)'>", html) == [str(k) for k in worst]

@@ -157,20 +157,47 @@ ACTIVATION = "activation:"
 
 
 def _quant_candidates(et: Any, samples: list[tuple], top: int) -> list[list[str]]:
-    """Per ranked layer, two candidates, the smaller first: its activations kept float (the values its ops read
-    and write: the ops, their weights included, stay INT8), then its ops kept float."""
-    from edgetorch.devtools.inspector.float_reference import float_graph, rank_quantization_culprits
+    """Per ranked layer (``find_culprits`` on the float-reference table), the smaller first: its activations kept
+    float (the values its ops read and write: the ops, their weights included, stay INT8), then its ops kept float;
+    for a layer whose own quantization is abnormal (``local_excess_db``), then also the values its output travels
+    through (:func:`_stream`: a float model with an outlier there carries it down the residual stream, which no
+    per-tensor INT8 scale then holds)."""
+    from edgetorch.devtools.inspector.culprits import EXCESS_DB, float_culprits
+    from edgetorch.devtools.inspector.float_reference import float_graph
     from edgetorch.workflows.quant_fallback import inspect_quantized, layer_nodes
 
     run = inspect_quantized(et, samples)
-    ranked = rank_quantization_culprits(run.table, top=top)
+    ranked = float_culprits(run.table, top=top)
     fgm = float_graph(run.inspector, run.table.attrs.get("method", "forward"))
     out: list[list[str]] = []
     for _, row in ranked.iterrows():
         ops = layer_nodes(run, row)
         acts = [ACTIVATION + a for a in _activations(fgm, ops)]
         out += [acts, ops] if acts else [ops]
+        if (row.get("local_excess_db") or 0.0) >= EXCESS_DB:
+            stream = [ACTIVATION + a for a in _stream(fgm, ops)]
+            if stream:
+                out.append(stream)
     return out
+
+
+def _stream(fgm: torch.fx.GraphModule, ops: list[str]) -> list[str]:
+    """The values a layer's output travels through before a weighted op (conv/linear/addmm) mixes it: its outputs,
+    then every op reading one of these values that is not a weighted op (adds, layer norms, views, a residual stream
+    to the end), as node names of the float graph."""
+    from edgetorch.exir.quant_annotations import weight_arg
+
+    by_name = {n.name: n for n in fgm.graph.nodes}
+    group = {by_name[o] for o in ops if o in by_name}
+    todo = [n for n in group if any(u not in group for u in n.users)]
+    seen: list[torch.fx.Node] = []
+    while todo:
+        n = todo.pop(0)
+        if n in seen or n.op != "call_function":
+            continue
+        seen.append(n)
+        todo += [u for u in n.users if u not in group and weight_arg(u) is None]
+    return [n.name for n in seen]
 
 
 def _activations(fgm: torch.fx.GraphModule, ops: list[str]) -> list[str]:

@@ -18,17 +18,31 @@ column of the gap table (``gap``/``local_gap``: accumulated vs local in the chos
 ``accumulated_rank`` (the row's rank when sorting by accumulated gap, the reference tool's way; 1 = first).
 
 A float-reference table (``calculate_numeric_gap(..., reference_graph="float")``: a quantized program against its
-float model) is ranked by the evidence it carries (``float_culprits``): the quantized rows whose own quantization
-adds the most error (lowest finite ``local_sqnr_db``) first. Rows without a signal are ranked apart, in
-``attrs["no_signal"]`` with a ``reason``: a local SQNR of ``-inf`` (the float op's output is zero there: any error
-is infinitely large relative to it, and says nothing about the layer) or ``nan``, and exact rows (``+inf``: the
-op adds no error). ``attrs["lost_from"]`` names the first row whose accumulated SQNR is at or below 0 dB (the
-error is as large as the output itself from there on), else None.
+float model) is ranked by the evidence it carries (``float_culprits``), over its quantized rows with a finite local
+SQNR, in two tiers:
+
+1. rows whose own quantization is abnormal *and* where the accumulated SQNR falls: ``local_excess_db`` (the table's
+   median local SQNR minus the row's effective one) at least ``EXCESS_DB`` and ``sqnr_drop_db`` at least ``DROP_DB``,
+   steepest drop first: a layer quantized far worse than INT8 rounding explains, whose error the output keeps;
+2. the others, steepest ``sqnr_drop_db`` first: where the accumulated error grows most (a clean model's answer).
+
+``sqnr_drop_db`` is the fall of the accumulated SQNR from the previous row's (in execution order; the first row
+falls from the table's typical local SQNR, what one INT8 rounding gives). The *effective* local SQNR is the local
+SQNR measured against the larger of the row's signal and the next row's: a small term added to a large signal (the
+``0.044715 * x**3`` of GPT-2's GELU, quantized as the input of its add) has a poor SQNR of its own while its error is
+negligible in the value it joins. Signals are the mean square of ``aot_intermediate_output`` (the float model's
+value on the first sample); without them the effective local SQNR is the local one.
+
+Rows without a signal are ranked apart, in ``attrs["no_signal"]`` with a ``reason``: a local SQNR of ``-inf`` (the
+float op's output is zero there: any error is infinitely large relative to it, and says nothing about the layer)
+or ``nan``, and exact rows (``+inf``: the op adds no error). ``attrs["lost_from"]`` names the first row whose
+accumulated SQNR is at or below 0 dB (the error is as large as the output itself from there on), else None.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 import pandas as pd
@@ -38,7 +52,7 @@ from edgetorch.errors import InspectorError
 from edgetorch.formats.handles import DELEGATE_CALL
 
 __all__ = ["NEEDED", "is_real", "accumulated_ranks", "find_culprits", "FLOAT_NEEDED", "is_float_table",
-           "float_culprits"]
+           "float_culprits", "EXCESS_DB", "DROP_DB"]
 
 #: columns the culprit search needs (``calculate_numeric_gap`` writes them)
 NEEDED = ("gap", "local_gap", "metric", "local_rel_error", "noise_floor", "runtime_ops", "instruction_id",
@@ -180,10 +194,51 @@ def _no_signal_reason(local_sqnr: float | None) -> str | None:
     return None
 
 
+#: tier 1 of the float-table ranking: own quantization this many dB worse than the table's typical local SQNR ...
+EXCESS_DB = 10.0
+#: ... and the accumulated SQNR falls at least this many dB there
+DROP_DB = 1.0
+
+
+def _signal(v: Any) -> float | None:
+    """Mean square of a row's float value (None when it has none)."""
+    if not callable(getattr(v, "is_floating_point", None)) or not v.is_floating_point() or not v.numel():
+        return None  # a tensor is read by duck type: importing torch here would make the report's import heavy
+    return float(v.detach().double().pow(2).mean())
+
+
+def _float_evidence(df: pd.DataFrame, keep: list[Any]) -> tuple[dict[Any, float], dict[Any, float], float]:
+    """Per kept row: its effective local SQNR and its accumulated-SQNR drop; and the table's typical (median)
+    local SQNR (see the module docstring)."""
+    values = df["aot_intermediate_output"] if "aot_intermediate_output" in df.columns else [None] * len(df)
+    sig = [_signal(v) for v in values]
+    index = list(df.index)
+    kept = set(keep)
+    eff: dict[Any, float] = {}
+    for k, i in enumerate(index):
+        if i not in kept:
+            continue
+        nxt = next((x for x in sig[k + 1:] if x), None)
+        own = sig[k]
+        boost = 10.0 * math.log10(nxt / own) if nxt and own and nxt > own else 0.0
+        eff[i] = float(df.at[i, "local_sqnr_db"]) + boost
+    typical = statistics.median(float(df.at[i, "local_sqnr_db"]) for i in eff) if eff else 0.0
+    drop: dict[Any, float] = {}
+    prev = typical
+    for i, a in zip(index, df["sqnr_db"]):
+        a = _opt(a)
+        if a is None or math.isnan(a) or not math.isfinite(a):
+            continue
+        if i in kept:
+            drop[i] = prev - a
+        prev = a
+    return eff, drop, typical
+
+
 def float_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
-    """The culprits of a float-reference table (see the module docstring): quantized rows with a finite local
-    SQNR, lowest first (ties: lowest accumulated SQNR), at most ``top``, with an ``evidence`` column; rows without
-    a signal in ``attrs["no_signal"]`` (with a ``reason``), the first row whose output is lost in
+    """The culprits of a float-reference table (see the module docstring for the two tiers): quantized rows with a
+    finite local SQNR, at most ``top``, with the columns ``sqnr_drop_db``, ``local_excess_db`` and ``evidence``;
+    rows without a signal in ``attrs["no_signal"]`` (with a ``reason``), the first row whose output is lost in
     ``attrs["lost_from"]``."""
     missing = [c for c in FLOAT_NEEDED if c not in df.columns]
     if missing:
@@ -194,11 +249,15 @@ def float_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     reasons = [_no_signal_reason(v) for v in local]
     keep = [i for i, r, q in zip(df.index, reasons, quantized) if r is None and q]
     pos = {i: k for k, i in enumerate(df.index)}
-    order = sorted(keep, key=lambda i: (local[pos[i]], acc[pos[i]] if acc[pos[i]] is not None else math.inf, pos[i]))
+    eff, drop, typical = _float_evidence(df, keep)
+    excess = {i: typical - eff[i] for i in keep}
+    first = {i for i in keep if excess[i] >= EXCESS_DB and drop.get(i, -math.inf) >= DROP_DB}
+    order = sorted(keep, key=lambda i: (i not in first, -drop.get(i, -math.inf), local[pos[i]], pos[i]))
     out = df.loc[order[:top]].copy()
-    out["evidence"] = [f"its own quantization: local SQNR {local[pos[i]]:.1f} dB; accumulated "
-                       f"{acc[pos[i]]:.1f} dB" if acc[pos[i]] is not None else
-                       f"its own quantization: local SQNR {local[pos[i]]:.1f} dB" for i in out.index]
+    out["sqnr_drop_db"] = [drop.get(i) for i in out.index]
+    out["local_excess_db"] = [excess[i] for i in out.index]
+    out["evidence"] = [_evidence_text(local[pos[i]], acc[pos[i]], drop.get(i), excess[i], i in first)
+                       for i in out.index]
     apart = [i for i, r in zip(df.index, reasons) if r is not None]
     no_signal = df.loc[apart].copy()
     no_signal["reason"] = [reasons[pos[i]] for i in apart]
@@ -206,6 +265,17 @@ def float_culprits(df: pd.DataFrame, top: int = 5) -> pd.DataFrame:
                  "lost_from": next((_label(df, i) for i, a in zip(df.index, acc) if a is not None and a <= 0.0),
                                    None)}
     return out
+
+
+def _evidence_text(local: float, acc: float | None, drop: float | None, excess: float, abnormal: bool) -> str:
+    what = (f"its own quantization is {excess:.1f} dB worse than the table's typical" if abnormal
+            else "the accumulated error grows here")
+    text = f"{what}: local SQNR {local:.1f} dB"
+    if acc is not None:
+        text += f"; accumulated {acc:.1f} dB"
+    if drop is not None:
+        text += f" ({drop:+.1f} dB fall)" if drop >= 0 else f" ({-drop:.1f} dB rise)"
+    return text
 
 
 def _label(df: pd.DataFrame, i: Any) -> str:
