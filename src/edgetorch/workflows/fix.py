@@ -15,12 +15,15 @@ recipes::
    final-output error measured: ``final_error`` = the largest, over the samples, relative L2 error
    ``||runtime - float||_2 / ||float||_2`` of the program's floating-point outputs (concatenated) against the
    float model run eagerly.
-2. **Candidates**, ranked: for an INT8 recipe, the layers whose own quantization adds the most error (lowest local
-   SQNR in the float-reference gap table, ``inspector.float_reference``), each with the ops of its quantized
-   pattern; each layer is offered twice, the smaller fix first: its activations kept float (the values its ops
-   read and write, ``quant_exclude_activations``; named ``activation:<node>`` in the fix: the ops and their
-   weights stay INT8, e.g. an activation with one outlier channel), then its ops kept in float through the
-   recipe's ``quant_exclude_nodes``. For a float recipe of a delegating
+2. **Candidates**, ranked: for an INT8 recipe, the layers ``find_culprits`` names on the float-reference gap table
+   (``inspector.float_reference``; an abnormal own quantization where the accumulated SQNR falls first, then the
+   steepest accumulated drops), each with the ops of its quantized pattern; each layer is offered twice, the
+   smaller fix first: its activations kept float (the values its ops read and write,
+   ``quant_exclude_activations``; named ``activation:<node>`` in the fix: the ops and their weights stay INT8,
+   e.g. an activation with one outlier channel), then its ops kept in float through the recipe's
+   ``quant_exclude_nodes``; a layer with an abnormal own quantization a third time, with the values its output
+   travels through before a conv/linear mixes it (a residual stream that carries the float model's outlier to
+   the end, which no per-tensor INT8 scale holds). For a float recipe of a delegating
    backend (``OrtRecipeType.FP32``), the culprits of the gap table against the ATen program
    (``Inspector.find_culprits``: ops adding error beyond rounding noise), kept off the delegate through the
    recipe's ``exclude_nodes``. Or ``candidates`` given by the caller (groups of node names, best first).
