@@ -9,6 +9,18 @@ One line per step as it runs (baseline, candidates, each re-export with its fina
 the verdict. ``--outlier PARAM`` plants a weight outlier (60 x the largest magnitude) in one parameter first, the
 textbook badly quantized layer. Exit status 0 when the final output is within tolerance (a fix was found and
 proven, or none was needed), 1 when no fix was found within ``--max-reexports``.
+
+With a torchao low-bit recipe (``portable_torchao_8da4w``, ``onnxruntime_torchao_int4_weight_only``, ...) the
+model is an LLM (``llama_tiny``, ``llama_100m``, ``llama_1b``, or the tiny Hugging Face ``hf_llama`` /
+``hf_qwen2``) and the fix is proven in tokens (``edgetorch.workflows.generation_fix.find_generation_fix``): the
+layers most responsible for the quantized generation's departure from the float model are kept at int8
+(``--keep int8``, default) or in float until the program's greedy tokens agree with the float model's over
+``--tokens`` tokens; ``--tolerance`` is not used. ``--outlier PATH`` then names a Linear (module path) whose input
+column 0 is set to 60 x its largest weight (every int4 group of that column ruined).
+
+    edgetorch fix --model llama_tiny --recipe portable_torchao_8da4w --tokens 32 --outlier layers.0.attention.wv
+
+Exit status 0 when agreement was restored (or never lost), 1 when not within ``--max-reexports``.
 """
 
 from __future__ import annotations
@@ -26,13 +38,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="portable_int8_static_per_tensor",
                    help="export recipe: portable_int8_static_per_tensor|_per_channel, "
                         "onnxruntime_int8_static_per_tensor|_per_channel, onnxruntime_fp32")
-    p.add_argument("--tolerance", type=float, required=True,
-                   help="largest relative L2 error of the final output against the float model")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="largest relative L2 error of the final output against the float model (required but with "
+                        "a torchao recipe)")
     p.add_argument("--samples", type=int, default=4, help="random inputs shaped as the example inputs (seeded)")
     p.add_argument("--max-reexports", type=int, default=5, help="re-export budget of the search")
     p.add_argument("--top", type=int, default=8, help="candidates considered, worst first")
     p.add_argument("--outlier", default=None, help="plant a weight outlier in this parameter first")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokens", type=int, default=32,
+                   help="torchao recipes: greedy tokens that must agree with the float model")
+    p.add_argument("--prompt-len", type=int, default=8, help="torchao recipes: tokens of the seeded prompt")
+    p.add_argument("--keep", choices=["int8", "float"], default="int8",
+                   help="torchao recipes: keep the responsible layers at int8 weight-only or in float")
 
 
 def _recipe(name: str):
@@ -65,6 +83,8 @@ def _samples(inputs: tuple, n: int, seed: int) -> list[tuple]:
 def _check(args: argparse.Namespace) -> None:
     from edgetorch.models import list_models
 
+    if args.tolerance is None:
+        raise CliError("--tolerance is required (but with a torchao recipe, whose fix is proven in tokens)")
     if ":" not in args.model and args.model not in list_models():
         raise CliError(f"--model {args.model!r} is not a zoo model (or a Python entry point module:function); "
                        f"choose one of {', '.join(list_models())}")
@@ -132,8 +152,14 @@ def _plant(model, name: str) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    _check(args)
     recipe = _recipe(args.recipe)
+    from edgetorch.export.recipes_torchao import TORCHAO_RECIPES
+
+    if recipe.name in TORCHAO_RECIPES:
+        from edgetorch.cli._generation_fix import main as generation_fix
+
+        return generation_fix(args, recipe)
+    _check(args)
     import time
 
     from edgetorch.workflows.fix import find_fix

@@ -12,7 +12,10 @@ Spelled as the reference spells its XNNPACK recipes, on ``PortableRecipeType`` a
 Options (every recipe): ``quantize_output=True`` (the LM head, a Linear named ``output`` or ``lm_head``, is
 quantized with the rest; ``False`` keeps it float), ``embedding_bits=None|4|8`` (the token embedding's weights,
 weight-only, per row or in groups of ``group_size`` for 4 bits), ``exclude_module_paths=(...)`` (substrings of
-module paths kept float) and ``group_size=`` where the recipe groups weights.
+module paths kept float), ``int8_module_paths=(...)`` (substrings of module paths of Linears kept at 8 bits:
+int8 weights per output channel, float activations, whatever the recipe; the mixed-precision fix of a generation,
+``edgetorch.workflows.generation_fix``) and ``group_size=`` where the recipe groups weights. A module path both
+excluded and kept at 8 bits stays float.
 
 After ``quantize_`` the SOURCE_TRANSFORM stage swaps every quantized Linear for a module calling edgetorch's
 low-bit op (``edgetorch.export.lowbit``): the weights travel packed in the program and run on low-bit kernels.
@@ -38,7 +41,7 @@ TORCHAO_RECIPES: dict[str, tuple[int, bool, bool]] = {
     "TORCHAO_INT8_WEIGHT_ONLY": (8, False, False),
     "TORCHAO_INT4_WEIGHT_ONLY": (4, False, True),
 }
-TORCHAO_OPTIONS = ("group_size", "quantize_output", "embedding_bits", "exclude_module_paths")
+TORCHAO_OPTIONS = ("group_size", "quantize_output", "embedding_bits", "exclude_module_paths", "int8_module_paths")
 #: the names of an LM's output projection (the zoo's llama: ``output``; Hugging Face: ``lm_head``)
 OUTPUT_MODULE_NAMES = ("output", "lm_head")
 _KERNEL_GROUPS = (32, 64, 128, 256)
@@ -66,6 +69,22 @@ def _embedding_filter(excluded: tuple[str, ...], group_size: int | None) -> Call
     return keep
 
 
+def _paths(name: str, option: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    paths = tuple(value or ())
+    if not all(isinstance(p, str) and p for p in paths):
+        raise RecipeError(f"{name}: {option} must be non-empty strings, got {paths!r}")
+    return paths
+
+
+def _int8_filter(int8: tuple[str, ...], excluded: tuple[str, ...]) -> Callable[[torch.nn.Module, str], bool]:
+    def keep(module: torch.nn.Module, fqn: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and any(p in fqn for p in int8)
+                and not any(p in fqn for p in excluded))
+    return keep
+
+
 def _check_options(name: str, grouped: bool, group_size: Any, embedding_bits: Any,
                    exclude_module_paths: Any) -> tuple[str, ...]:
     if grouped:
@@ -76,17 +95,12 @@ def _check_options(name: str, grouped: bool, group_size: Any, embedding_bits: An
                           "recipe TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR or TORCHAO_INT4_WEIGHT_ONLY)")
     if embedding_bits not in (None, 4, 8):
         raise RecipeError(f"{name}: embedding_bits must be None, 4 or 8, got {embedding_bits!r}")
-    if isinstance(exclude_module_paths, str):
-        exclude_module_paths = (exclude_module_paths,)
-    paths = tuple(exclude_module_paths or ())
-    if not all(isinstance(p, str) and p for p in paths):
-        raise RecipeError(f"{name}: exclude_module_paths must be non-empty strings, got {paths!r}")
-    return paths
+    return _paths(name, "exclude_module_paths", exclude_module_paths)
 
 
 def torchao_quantization_recipe(name: str, group_size: int | None = None, quantize_output: bool = True,
                                 embedding_bits: int | None = None,
-                                exclude_module_paths: Any = ()) -> QuantizationRecipe:
+                                exclude_module_paths: Any = (), int8_module_paths: Any = ()) -> QuantizationRecipe:
     """The torchao configs of recipe ``name`` (a key of ``TORCHAO_RECIPES``); bad options raise RecipeError."""
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
     from torchao.quantization.granularity import PerAxis, PerGroup
@@ -105,8 +119,12 @@ def torchao_quantization_recipe(name: str, group_size: int | None = None, quanti
         config: Any = Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=granularity)
     else:
         config = IntxWeightOnlyConfig(weight_dtype=dtype, granularity=granularity)
-    configs = [AOQuantizationConfig(config, _linear_filter(quantize_output, excluded,
+    int8 = _paths(name, "int8_module_paths", int8_module_paths)
+    configs = [AOQuantizationConfig(config, _linear_filter(quantize_output, excluded + int8,
                                                            group_size if grouped else None))]
+    if int8:  # kept at 8 bits: int8 weights per output channel, float activations
+        configs.append(AOQuantizationConfig(IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)),
+                                            _int8_filter(int8, excluded)))
     if embedding_bits is not None:
         emb_group = (group_size or 32) if embedding_bits == 4 else None
         emb_config = IntxWeightOnlyConfig(weight_dtype=torch.int4 if embedding_bits == 4 else torch.int8,

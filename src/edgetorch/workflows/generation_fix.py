@@ -1,0 +1,357 @@
+"""Mixed-precision fix of a low-bit (torchao recipe) LLM, proven in tokens: the layers most responsible for the
+quantized generation's departure from the float model are kept at 8 bits, or in float, until the program's
+greedy tokens agree with the float model's again; each step re-exported, re-run and measured::
+
+    from edgetorch.export import PortableRecipeType
+    from edgetorch.workflows.generation_fix import find_generation_fix
+
+    result = find_generation_fix(model, prompt, PortableRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR,
+                                 tokens=32, max_reexports=4)
+    print(result.summary())          # the layers kept at 8 bits / float, proven: agreement before/after
+    print(result.to_dataframe())     # one row per export: layers kept, agreement, logits SQNR, size, decode time
+
+``model`` is an LLM with ``prefill`` / ``decode`` methods and a static KV cache (``reset_cache()``): the zoo's
+``Llama`` or a Hugging Face causal LM wrapped by ``edgetorch.models.hf.wrap_static_cache`` (their export inputs
+and dynamic shapes are known; pass ``method_inputs`` / ``dynamic_shapes`` for another).
+
+1. **Reference**: the float model generates ``tokens`` tokens greedily from ``prompt`` (eager PyTorch).
+2. **Measure** a program: it runs the prompt and then decodes the float model's own tokens (teacher forcing), so
+   each step's logits compare with the float model's on the same inputs. ``agreement`` is the number of leading
+   steps whose greedy token equals the float model's: exactly the tokens a free-running generation of the
+   program shares with the float model's (identical inputs up to the first difference), ``restored`` when all
+   ``tokens`` agree. ``logits_sqnr_db``: 10 log10 of the float logits' power over the logit error's, all steps
+   together; ``decode_ms``: the median decode step on the edgetorch runtime (a run without ETDump); the size of
+   the ``.pte``.
+3. **Rank**: the first ``rank_tokens`` steps of the same run recorded with an ETDump and its debug buffer;
+   ``Inspector.quantized_generation_table`` against the float model with ``impact=True`` gives each quantized
+   layer's mean local SQNR and logit share.
+   The layers are ranked by their mean share of the logit error (the error that changes tokens), worst first;
+   layers with no share (a program without the logit impact) by mean local SQNR.
+4. **Fix**, at most ``max_reexports`` exports: the worst layer of the last program's ranking is kept at int8
+   weight-only (``keep="int8"``, the recipe's ``int8_module_paths``: 4x smaller than float) or in float
+   (``keep="float"``, ``exclude_module_paths``); a layer already at int8 that is still ranked worst is moved to
+   float (int8 per output channel cannot absorb every outlier). When agreement did not improve with one more
+   layer, the next step promotes twice as many (at most ``top`` layers kept in all). Each re-export is ranked again.
+   The first program whose tokens all agree is the fix (``proven``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from edgetorch.errors import InspectorError, RecipeError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GenerationFixResult", "GenerationStep", "find_generation_fix", "llm_export_args", "measure_program"]
+
+
+@dataclass
+class GenerationStep:
+    """One export: the layers kept at int8 / in float, how its tokens and logits compare with the float model's,
+    its cost, and the layers its own table ranks worst."""
+
+    reexport: int  # 0 = the baseline program
+    int8: list[str]
+    float: list[str]
+    agreement: int  # leading greedy tokens equal to the float model's
+    tokens: int
+    logits_sqnr_db: float
+    size_bytes: int
+    decode_ms: float
+    ranking: list[str] = field(default_factory=list)  # worst first (empty when not ranked)
+
+    @property
+    def restored(self) -> bool:
+        return self.agreement >= self.tokens
+
+
+@dataclass
+class GenerationFixResult:
+    """The search: one step per export (the baseline first) and the fix (None when none restored agreement)."""
+
+    recipe: str
+    tokens: int
+    keep: str
+    steps: list[GenerationStep] = field(default_factory=list)
+    float_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> GenerationStep:
+        return self.steps[0]
+
+    @property
+    def reexports(self) -> int:
+        return len(self.steps) - 1
+
+    @property
+    def ranking(self) -> list[str]:
+        """The baseline program's layers, most responsible first (module paths)."""
+        return self.baseline.ranking
+
+    @property
+    def fix_step(self) -> GenerationStep | None:
+        return next((s for s in self.steps[1:] if s.restored), None)
+
+    @property
+    def fix(self) -> dict[str, list[str]] | None:
+        s = self.fix_step
+        return None if s is None else {"int8": list(s.int8), "float": list(s.float)}
+
+    @property
+    def proven(self) -> bool:
+        return self.fix_step is not None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        rows = []
+        for s in self.steps:
+            rows.append({"reexport": s.reexport, "int8": ", ".join(s.int8) or "-", "float": ", ".join(s.float) or "-",
+                         "agreement": f"{s.agreement}/{s.tokens}", "restored": s.restored,
+                         "logits_sqnr_db": s.logits_sqnr_db, "size_bytes": s.size_bytes, "decode_ms": s.decode_ms,
+                         "worst_layer": s.ranking[0] if s.ranking else "-"})
+        return pd.DataFrame(rows)
+
+    def summary(self) -> str:
+        b = self.baseline
+        head = (f"{self.recipe}: baseline agrees with the float model on {b.agreement}/{b.tokens} greedy tokens "
+                f"(logits SQNR {b.logits_sqnr_db:.1f} dB), most responsible layer "
+                f"{b.ranking[0] if b.ranking else '-'}; {self.reexports} re-export(s)")
+        if b.restored:
+            return head + ": already in agreement, nothing to fix"
+        s = self.fix_step
+        if s is None:
+            last = self.steps[-1]
+            return head + (f": no fix within the re-export budget (best {max(x.agreement for x in self.steps)}/"
+                           f"{b.tokens} tokens; last kept int8 {last.int8 or '-'}, float {last.float or '-'})")
+        kept = ([f"{', '.join(s.int8)} at int8"] if s.int8 else []) + ([f"{', '.join(s.float)} in float"]
+                                                                        if s.float else [])
+        return (f"{head}: keep {' and '.join(kept)} -> {s.agreement}/{s.tokens} tokens agree (proven), logits "
+                f"SQNR {s.logits_sqnr_db:.1f} dB, size {s.size_bytes} vs {b.size_bytes} bytes "
+                f"({s.size_bytes / b.size_bytes:.2f}x), decode {s.decode_ms:.3f} vs {b.decode_ms:.3f} ms/token")
+
+
+# -- exporting --------------------------------------------------------------------------------------------------
+def llm_export_args(model: torch.nn.Module) -> tuple[dict[str, tuple], dict[str, Any], bool]:
+    """``(method inputs, dynamic shapes, strict)`` to export ``model`` as prefill + decode: the zoo's Llama or a
+    Hugging Face causal LM wrapped by ``edgetorch.models.hf.wrap_static_cache``."""
+    from edgetorch.models.llama import Llama, llama_dynamic_shapes, llama_method_inputs
+
+    if isinstance(model, Llama):
+        return llama_method_inputs(model.config), llama_dynamic_shapes(model.config), False
+    inner = getattr(model, "model", None)
+    if hasattr(model, "max_cache_len") and hasattr(getattr(inner, "config", None), "get_text_config"):
+        from edgetorch.models import hf
+
+        vocab = inner.config.get_text_config().vocab_size
+        return hf.hf_method_inputs(vocab), hf.hf_dynamic_shapes(model.max_cache_len), True
+    raise RecipeError(f"find_generation_fix: cannot tell how to export a {type(model).__name__} as prefill + decode: "
+                      "pass method_inputs= and dynamic_shapes= (a zoo Llama or an hf.wrap_static_cache wrapper "
+                      "needs neither)")
+
+
+def _export(model: torch.nn.Module, recipe_type: Any, options: dict[str, Any], export_args: tuple,
+            etrecord: bool) -> Any:
+    from edgetorch.export import ExportRecipe, export
+
+    inputs, shapes, strict = export_args
+    recipe = ExportRecipe.get_recipe(recipe_type, **options)
+    recipe.strict = recipe.strict or strict
+    session = export({"prefill": model, "decode": model}, {k: [tuple(v)] for k, v in inputs.items()}, recipe,
+                     dynamic_shapes=shapes, generate_etrecord=etrecord)
+    return session.get_executorch_program_manager()
+
+
+# -- measuring --------------------------------------------------------------------------------------------------
+def _float_reference(model: torch.nn.Module, prompt: torch.Tensor, tokens: int) -> tuple[list[int], torch.Tensor]:
+    from edgetorch.models.generation import greedy_generate_with_logits
+
+    with torch.no_grad():
+        if hasattr(model, "reset_cache"):
+            model.reset_cache()
+        got = greedy_generate_with_logits(model.prefill, model.decode, prompt, tokens)
+        if hasattr(model, "reset_cache"):
+            model.reset_cache()
+    return got.tokens, torch.stack(got.step_logits)
+
+
+def _forced(prefill: Callable, decode: Callable, prompt: torch.Tensor, float_tokens: list[int],
+            times: list[float] | None = None) -> torch.Tensor:
+    """The program's logits per step, fed the prompt then the float model's tokens: ``(tokens, vocab)``."""
+    from edgetorch.models.generation import as_logits
+
+    n = prompt.shape[1]
+    rows = [as_logits(prefill(prompt.to(torch.long), torch.arange(n)))[0, -1].float()]
+    for i, tok in enumerate(float_tokens[:-1]):
+        t0 = time.perf_counter()
+        out = as_logits(decode(torch.tensor([[tok]]), torch.tensor([n + i])))
+        if times is not None:
+            times.append(time.perf_counter() - t0)
+        rows.append(out[0, -1].float())
+    return torch.stack(rows)
+
+
+def _agreement(logits: torch.Tensor, float_tokens: list[int]) -> int:
+    greedy = logits.argmax(-1).tolist()
+    return next((i for i, (a, b) in enumerate(zip(greedy, float_tokens)) if a != b), len(float_tokens))
+
+
+def _sqnr(ref: torch.Tensor, got: torch.Tensor) -> float:
+    noise = float((ref.double() - got.double()).pow(2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float(ref.double().pow(2).sum()) / noise)
+
+
+def measure_program(pte: bytes, prompt: torch.Tensor, float_tokens: list[int],
+                    float_logits: torch.Tensor) -> tuple[int, float, float]:
+    """``(agreement, logits SQNR dB, median decode ms)`` of a prefill + decode program fed the prompt then the
+    float model's tokens (see the module docstring)."""
+    from edgetorch.runtime import Runtime
+
+    prog = Runtime.get().load_program(pte)
+    times: list[float] = []
+    logits = _forced(prog.load_method("prefill").execute, prog.load_method("decode").execute, prompt,
+                     float_tokens, times)
+    ms = 1000 * statistics.median(times) if times else math.nan
+    return _agreement(logits, float_tokens), _sqnr(float_logits, logits), ms
+
+
+def rank_layers(et: Any, model: torch.nn.Module, prompt: torch.Tensor, float_tokens: list[int]) -> list[str]:
+    """The quantized layers of program ``et`` (exported with an ETRecord), most responsible first: the run fed
+    the float model's tokens ``float_tokens``, recorded, and ``quantized_generation_table(model, impact=True)``
+    (mean logit share, then mean local SQNR)."""
+    from edgetorch.devtools import Inspector
+    from edgetorch.runtime import Runtime
+
+    prog = Runtime.get().load_program(et.buffer, enable_etdump=True, debug_buffer_size="auto")
+    with torch.no_grad():
+        _forced(prog.load_method("prefill").execute, prog.load_method("decode").execute, prompt, float_tokens)
+    with tempfile.TemporaryDirectory() as d:
+        dump, dbg = os.path.join(d, "g.etdp"), os.path.join(d, "g_debug.bin")
+        prog.write_etdump_result_to_file(dump, dbg)
+        insp = Inspector(etdump_path=dump, etrecord=et.get_etrecord(), debug_buffer_path=dbg)
+        df = insp.quantized_generation_table(model, impact=True)
+    if hasattr(model, "reset_cache"):
+        model.reset_cache()
+    return _ranking(df)
+
+
+def _ranking(df: pd.DataFrame) -> list[str]:
+    local = df.attrs["ranking"]  # mean local SQNR, worst first
+    share = df.groupby("layer", sort=False)["logit_share"].mean() if "logit_share" in df else None
+    order = {p: i for i, p in enumerate(local.index)}
+    def key(p: str) -> tuple[float, int]:
+        s = float(share.get(p, math.nan)) if share is not None else math.nan
+        return (-s if s == s else math.inf, order.get(p, len(order)))
+    return sorted(dict.fromkeys(df["layer"]), key=key)
+
+
+# -- search -----------------------------------------------------------------------------------------------------
+def _next_kept(ranking: list[str], int8: list[str], flt: list[str], keep: str, width: int,
+               top: int) -> tuple[list[str], list[str]] | None:
+    """The layers kept after the next step: the ``width`` worst layers of ``ranking`` not in float yet are each
+    promoted (quantized -> int8, or float when ``keep="float"``; int8 -> float)."""
+    int8, flt = list(int8), list(flt)
+    moved = 0
+    for p in ranking:
+        if moved == width:
+            break
+        if p in flt:
+            continue
+        if p in int8:
+            int8.remove(p)
+            flt.append(p)
+        elif len(int8) + len(flt) >= top:
+            continue
+        elif keep == "int8":
+            int8.append(p)
+        else:
+            flt.append(p)
+        moved += 1
+    return (int8, flt) if moved else None
+
+
+def _options(options: dict[str, Any], int8: list[str], flt: list[str]) -> dict[str, Any]:
+    out = dict(options)
+    out["int8_module_paths"] = tuple(out.get("int8_module_paths", ())) + tuple(int8)
+    out["exclude_module_paths"] = tuple(out.get("exclude_module_paths", ())) + tuple(flt)
+    return out
+
+
+def _step(model: torch.nn.Module, prompt: torch.Tensor, ref: tuple[list[int], torch.Tensor], recipe_type: Any,
+          options: dict[str, Any], export_args: tuple, reexport: int, int8: list[str], flt: list[str],
+          rank: int) -> GenerationStep:
+    et = _export(model, recipe_type, _options(options, int8, flt), export_args, etrecord=bool(rank))
+    agree, sqnr, ms = measure_program(et.buffer, prompt, *ref)
+    step = GenerationStep(reexport, list(int8), list(flt), agree, len(ref[0]), sqnr, len(et.buffer), ms)
+    if rank and not step.restored:
+        step.ranking = rank_layers(et, model, prompt, ref[0][:rank])
+    return step
+
+
+def _check(recipe_type: Any, tokens: Any, max_reexports: Any, keep: str, prompt: Any) -> None:
+    from edgetorch.export.recipes_torchao import TORCHAO_RECIPES
+
+    if getattr(recipe_type, "name", None) not in TORCHAO_RECIPES:
+        raise RecipeError(f"find_generation_fix: {recipe_type!r} is not a torchao low-bit recipe (one of "
+                          f"{sorted(TORCHAO_RECIPES)} on PortableRecipeType / OrtRecipeType)")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise InspectorError(f"find_generation_fix: tokens must be a positive int, got {tokens!r}")
+    if isinstance(max_reexports, bool) or not isinstance(max_reexports, int) or max_reexports < 1:
+        raise InspectorError(f"find_generation_fix: max_reexports must be a positive int, got {max_reexports!r}")
+    if keep not in ("int8", "float"):
+        raise InspectorError(f"find_generation_fix: keep must be 'int8' or 'float', got {keep!r}")
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.shape[1] < 1:
+        raise InspectorError(f"find_generation_fix: prompt must be a (1, T) tensor of token ids, got "
+                             f"{getattr(prompt, 'shape', type(prompt).__name__)}")
+
+
+def find_generation_fix(model: torch.nn.Module, prompt: torch.Tensor, recipe_type: Any, tokens: int = 32,
+                        max_reexports: int = 4, keep: str = "int8", top: int = 8, rank_tokens: int = 8,
+                        method_inputs: dict[str, tuple] | None = None, dynamic_shapes: Any = None,
+                        progress: Callable[[str], None] | None = None,
+                        **recipe_options: Any) -> GenerationFixResult:
+    """Finds and proves the layers to keep at int8 (or float) so that the low-bit program of ``recipe_type``
+    greedily generates the float model's ``tokens`` tokens from ``prompt`` (see the module docstring).
+    ``recipe_options`` go to the recipe (``group_size=``, ...; the layers the caller already keeps stay kept)."""
+    _check(recipe_type, tokens, max_reexports, keep, prompt)
+    say = progress or (lambda msg: log.info("%s", msg))
+    export_args = (method_inputs, dynamic_shapes, False) if method_inputs is not None else llm_export_args(model)
+    model = model.eval()
+    ref = _float_reference(model, prompt, tokens)
+    name = str(getattr(recipe_type, "value", recipe_type))
+    result = GenerationFixResult(name, tokens, keep, [], list(ref[0]))
+    rank = max(1, min(tokens, rank_tokens))
+    base = _step(model, prompt, ref, recipe_type, recipe_options, export_args, 0, [], [], rank=rank)
+    result.steps.append(base)
+    say(f"baseline: {base.agreement}/{tokens} tokens agree with the float model, logits SQNR "
+        f"{base.logits_sqnr_db:.1f} dB, {base.size_bytes} bytes, decode {base.decode_ms:.3f} ms/token; most "
+        f"responsible: {', '.join(base.ranking[:3]) or '-'}")
+    int8: list[str] = []
+    flt: list[str] = []
+    width = 1
+    while not result.steps[-1].restored and result.reexports < max_reexports:
+        last = result.steps[-1]
+        if len(result.steps) >= 2 and last.agreement <= result.steps[-2].agreement:
+            width *= 2  # one more layer did not help: the next step keeps more at once
+        kept = _next_kept(last.ranking, int8, flt, keep, width, top)
+        if kept is None:
+            say("no layer left to keep within top=" + str(top))
+            break
+        int8, flt = kept
+        step = _step(model, prompt, ref, recipe_type, recipe_options, export_args, result.reexports + 1, int8, flt,
+                     rank=rank if result.reexports + 1 < max_reexports else 0)
+        result.steps.append(step)
+        say(f"re-export {step.reexport}: int8 {', '.join(int8) or '-'}; float {', '.join(flt) or '-'} -> "
+            f"{step.agreement}/{tokens} tokens, logits SQNR {step.logits_sqnr_db:.1f} dB, {step.size_bytes} bytes, "
+            f"decode {step.decode_ms:.3f} ms/token")
+    return result
