@@ -135,16 +135,70 @@ def test_passes_run_right_before_planning():
     torch.testing.assert_close(_run(edge.to_executorch(), x), torch.relu(x) + 1)  # the manager left as it was
 
 
-@pytest.mark.parametrize("field", ["alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"])
+@pytest.mark.parametrize("field", ["alloc_graph_output", "alloc_mutable_buffers"])
 def test_leaving_memory_to_the_caller_is_refused_naming_the_field(field):
     with pytest.raises(MemoryPlanError, match=f"MemoryPlanningPass.{field}=False"):
         MemoryPlanningPass(**{field: False})
 
 
-def test_the_reference_doc_snippet_is_refused_typed():
-    x = torch.randn(1, 3)
-    edge = to_edge(torch.export.export(_Odd().eval(), (x,)))
-    with pytest.raises(MemoryPlanError, match="alloc_graph_input=False: inputs are always planned"):
+class _Big(torch.nn.Module):
+    """A 64 KiB input read by a kernel (no view of it): runs on the caller's tensor."""
+
+    def forward(self, x):
+        return torch.tanh(x) * 2 + x
+
+
+class _Viewed(torch.nn.Module):
+    """An input a view reads (made when the method loads): copied into its own storage."""
+
+    def forward(self, x):
+        return torch.relu(x.reshape(-1, 8)).sum(0) + x.transpose(0, 1).sum(1)
+
+
+def test_the_reference_doc_snippet_leaves_inputs_unplanned_and_runs_on_the_callers_tensor():
+    model, x = _Big(), torch.randn(128, 128)
+    edge = to_edge(torch.export.export(model, (x,)))
+    planned = edge.to_executorch()
+    et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
+    plan = et.program.plans[0]
+    (vid,) = plan.inputs
+    assert plan.values[vid].placement == pf.PLACEMENT_DYNAMIC and plan.values[vid].arena_offset == -1
+    assert vid not in {k for k, v in enumerate(plan.values) if isinstance(v, pf.TensorDef)
+                       and v.placement == pf.PLACEMENT_PLANNED}
+    # the input's 64 KiB left the arena (the plan may lay out the rest differently, never larger)
+    assert plan.arena_size <= planned.program.plans[0].arena_size - x.numel() * 4 + 64
+    method = Runtime.get().load_program(et.buffer).load_method("forward")
+    assert method._unplanned.zero_copy == [0]
+    for _ in range(2):  # a second caller tensor: the slot follows it
+        x = torch.randn(128, 128)
+        torch.testing.assert_close(method.execute(x)[0], model(x), rtol=1e-6, atol=1e-6)
+        assert method._input_slots[0].data_ptr() == x.data_ptr()  # no copy: the caller's bytes
+    xt = torch.randn(128, 128).t()  # other strides: copied into the slot's own storage
+    torch.testing.assert_close(method.execute(xt)[0], model(xt), rtol=1e-6, atol=1e-6)
+    assert method._input_slots[0].data_ptr() != xt.data_ptr()
+
+
+def test_an_unplanned_input_a_view_reads_is_copied_and_still_right():
+    model, x = _Viewed(), torch.randn(4, 8)
+    edge = to_edge(torch.export.export(model, (x,)))
+    et = edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
+    method = Runtime.get().load_program(et.buffer).load_method("forward")
+    assert method._unplanned.zero_copy == []
+    for _ in range(2):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(method.execute(x)[0], model(x), rtol=1e-6, atol=1e-6)
+        assert method._input_slots[0].data_ptr() != x.data_ptr()
+
+
+def test_an_unplanned_input_the_method_writes_into_is_refused():
+    class Writes(torch.nn.Module):
+        def forward(self, x):
+            x.add_(1)
+            return x * 2
+
+    x = torch.randn(3)
+    edge = to_edge(torch.export.export(Writes(), (x,)))
+    with pytest.raises(MemoryPlanError, match="alloc_graph_input=False: the method writes into its input"):
         edge.to_executorch(ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
 
 
@@ -166,3 +220,23 @@ def test_options_that_cannot_run_here_are_refused():
     with pytest.raises(MemoryPlanError, match="not a graph pass"):
         MemoryPlanningPass()(None)
     assert ExecutorchBackendConfig(emit_mutable_buffer_names=True).emit_mutable_buffer_names
+
+
+def test_an_unplanned_input_an_instruction_writes_is_refused_at_load():
+    """A hostile file marks a kernel's output as an unplanned input: typed, naming the input."""
+    from edgetorch.errors import ProgramFormatError
+    from edgetorch.formats.alignment import align
+
+    x = torch.randn(4, 8)
+    et = to_edge(torch.export.export(_Big(), (x,))).to_executorch(
+        ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False)))
+    prog = et.program
+    plan = prog.plans[0]
+    out = plan.instructions[0].call.outputs[0]
+    plan.values[out].placement, plan.values[out].arena_offset = pf.PLACEMENT_DYNAMIC, -1
+    plan.inputs[0] = out
+    plan.arena_size = align(max((v.arena_offset + v.nbytes for v in plan.values if isinstance(v, pf.TensorDef)
+                                 and v.placement == pf.PLACEMENT_PLANNED), default=0))
+    data = b"".join(bytes(p) for p in pf.build_file_parts(prog, list(et._layout.chunks())))
+    with pytest.raises(ProgramFormatError, match=r"input 0 \('x'\) is unplanned but an instruction writes it"):
+        Runtime.get().load_program(data).load_method("forward")

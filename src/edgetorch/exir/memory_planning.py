@@ -15,10 +15,10 @@ import numpy as np
 from edgetorch.errors import MemoryPlanError
 from edgetorch.formats import program as pf
 from edgetorch.formats.alignment import ALIGNMENT, align
-from edgetorch.formats.plan_check import find_overlap, live_ranges  # noqa: F401 - live_ranges: callers' API
+from edgetorch.formats.plan_check import find_overlap, live_ranges
 
 __all__ = ["Buffer", "MemoryPlan", "MemoryPlanningPass", "peak_live_bytes", "ALGORITHMS", "plan_memory",
-           "unshare_mutable_buffers", "verify_memory_plan"]
+           "unplan_inputs", "unshare_mutable_buffers", "verify_memory_plan"]
 
 
 @dataclass
@@ -159,10 +159,13 @@ class MemoryPlanningPass:
       two of at least 64, the boundary the loader checks every planned tensor against).
     - ``share_mutable_buffers``: True, the methods of one program share each mutable buffer of the same name (one KV
       cache for a prefill and a decode method); False, each method holds its own copy of it.
-    - ``alloc_graph_input`` / ``alloc_graph_output`` / ``alloc_mutable_buffers``: only True. edgetorch's runtime binds
-      every kernel's arguments to arena slots when a method loads and has no API through which a caller hands it
-      input, output or buffer memory, so False, which would leave that memory to the caller, is refused
-      (``MemoryPlanError`` naming the field) instead of being ignored.
+    - ``alloc_graph_input``: False leaves the inputs out of the arena (``unplan_inputs``: the arena shrinks by
+      their bytes) and the runtime runs on the caller's tensors without copying them (``runtime._unplanned``);
+      static shapes only (a dynamic-shaped input is refused, ``MemoryPlanError``).
+    - ``alloc_graph_output`` / ``alloc_mutable_buffers``: only True. edgetorch's runtime binds every kernel's
+      arguments to their slots when a method loads and returns copies of the outputs; it has no API through which
+      a caller hands it output or buffer memory, so False is refused (``MemoryPlanError`` naming the field)
+      instead of being ignored.
     - ``allow_lifetime_and_storage_overlap``: only False: the planner never lets two live tensors share bytes.
 
     Not a graph pass: ``to_executorch`` applies it (calling it raises ``MemoryPlanError``)."""
@@ -181,7 +184,7 @@ class MemoryPlanningPass:
             raise MemoryPlanError(f"MemoryPlanningPass.alignment {alignment!r}: a power of two of at least {ALIGNMENT} "
                                   "(the loader refuses a planned tensor off that boundary; the reference's 16 would "
                                   "not load)")
-        refused = {"alloc_graph_input": (alloc_graph_input, True), "alloc_graph_output": (alloc_graph_output, True),
+        refused = {"alloc_graph_output": (alloc_graph_output, True),
                    "alloc_mutable_buffers": (alloc_mutable_buffers, True),
                    "allow_lifetime_and_storage_overlap": (allow_lifetime_and_storage_overlap, False)}
         for name, (value, only) in refused.items():
@@ -189,7 +192,8 @@ class MemoryPlanningPass:
                 raise MemoryPlanError(_REFUSED[name].format(name=name, value=value))
         self.memory_planning_algo = memory_planning_algo
         self.allow_lifetime_and_storage_overlap = False
-        self.alloc_graph_input = self.alloc_graph_output = self.alloc_mutable_buffers = True
+        self.alloc_graph_input = bool(alloc_graph_input)
+        self.alloc_graph_output = self.alloc_mutable_buffers = True
         self.share_mutable_buffers = bool(share_mutable_buffers)
         self.alignment = alignment
 
@@ -205,8 +209,6 @@ class MemoryPlanningPass:
 _WHY = ("edgetorch's runtime binds every kernel's arguments to arena slots when a method loads and has no API "
         "through which a caller hands it that memory")
 _REFUSED = {
-    "alloc_graph_input": "MemoryPlanningPass.{name}={value}: inputs are always planned; the runtime copies each "
-                         "input into its arena slot (" + _WHY + ")",
     "alloc_graph_output": "MemoryPlanningPass.{name}={value}: outputs are always planned; the runtime returns copies "
                           "of them (" + _WHY + ")",
     "alloc_mutable_buffers": "MemoryPlanningPass.{name}={value}: the loaded program always holds its mutable "
@@ -227,3 +229,27 @@ def unshare_mutable_buffers(plans: list[pf.PlanDef]) -> list[pf.PlanDef]:
         p.mutable_buffers = [replace(mb, name=f"{p.name}::{mb.name}") if users[mb.name] > 1 else mb
                              for mb in p.mutable_buffers]
     return plans
+
+
+def unplan_inputs(plan: pf.PlanDef, alignment: int, algorithm: str) -> MemoryPlan:
+    """``alloc_graph_input=False``: every planned tensor input of ``plan`` becomes unplanned (placement
+    ``DYNAMIC``: the runtime runs on the caller's tensor) and the other planned tensors are placed again, with
+    lifetimes derived from the instructions (``formats.plan_check.live_ranges``, which the loader checks the
+    plan against). Edits ``plan``; returns the new memory plan. A dynamic-shaped input is refused."""
+    for j, vid in enumerate(plan.inputs):
+        v = plan.values[vid]
+        if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED:
+            if v.sym_shape or v.storage_offset:
+                name = plan.input_names[j] if j < len(plan.input_names) else str(j)
+                raise MemoryPlanError(f"method '{plan.name}': MemoryPlanningPass.alloc_graph_input=False: input "
+                                      f"'{name}' has a dynamic shape; only static-shaped inputs can run unplanned")
+            v.placement, v.arena_offset = pf.PLACEMENT_DYNAMIC, -1
+    ranges = live_ranges(plan)
+    buffers = [Buffer(k, v.nbytes, *ranges.get(k, (-1, -1))) for k, v in enumerate(plan.values)
+               if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_PLANNED]
+    mp = plan_memory(buffers, alignment, algorithm)
+    for k, off in mp.offsets.items():
+        plan.values[k].arena_offset = off
+    plan.arena_size = mp.arena_size
+    verify_memory_plan(plan)
+    return mp

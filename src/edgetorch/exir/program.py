@@ -21,12 +21,12 @@ from torch.export import ExportedProgram
 
 from edgetorch import _hooks
 from edgetorch._fileio import atomic_write
-from edgetorch.errors import EdgeTorchError, ETRecordError, ExportError
+from edgetorch.errors import EdgeTorchError, ETRecordError, ExportError, MemoryPlanError
 from edgetorch.exir.clone import sync_signature_names
 from edgetorch.exir.config import EdgeCompileConfig, ExecutorchBackendConfig
 from edgetorch.exir.debug_handles import assign_debug_handles, fill_missing_debug_handles
 from edgetorch.exir.emit import ConstantPool, DelegatePool, EmittedMethod, emit_method
-from edgetorch.exir.memory_planning import unshare_mutable_buffers
+from edgetorch.exir.memory_planning import unplan_inputs, unshare_mutable_buffers
 from edgetorch.exir.quant_annotations import float_handle
 from edgetorch.exir.verifier import _IGNORED_TARGETS, verify_edge_program
 from edgetorch.formats import program as pf
@@ -264,6 +264,8 @@ class ExecutorchProgramManager:
             sync_signature_names(ep.graph_signature, ep.graph)
             self._emitted[name] = emit_method(ep, name, consts, delegates, config.planning_alignment,
                                               config.emit_stacktrace, config.planning_algorithm)
+            if config.memory_planning_pass is not None and not config.memory_planning_pass.alloc_graph_input:
+                self._unplan_inputs(ep, self._emitted[name], config)
         plans = [m.plan for m in self._emitted.values()]
         if not config.shares_mutable_buffers:
             unshare_mutable_buffers(plans)
@@ -275,6 +277,16 @@ class ExecutorchProgramManager:
         self._etrecord: Any = None  # built on the first get_etrecord()
         log.info("to_executorch: %d methods, %d bytes in %.2fs", len(self._emitted), self.size,
                  time.perf_counter() - t0)
+
+    @staticmethod
+    def _unplan_inputs(ep: ExportedProgram, emitted: EmittedMethod, config: ExecutorchBackendConfig) -> None:
+        """``MemoryPlanningPass(alloc_graph_input=False)``: the inputs leave the arena (the caller's tensors are
+        run on); refused for a method that writes into a user input (it would write into the caller's tensor)."""
+        mutated = ep.graph_signature.user_inputs_to_mutate
+        if mutated:
+            raise MemoryPlanError(f"method '{emitted.plan.name}': MemoryPlanningPass.alloc_graph_input=False: the "
+                                  f"method writes into its input(s) {sorted(mutated.values())}")
+        emitted.memory_plan = unplan_inputs(emitted.plan, config.planning_alignment, config.planning_algorithm)
 
     @property
     def size(self) -> int:

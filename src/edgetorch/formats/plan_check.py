@@ -124,14 +124,19 @@ def _fail(plan: pf.PlanDef, msg: str, fld: str) -> None:
 
 
 def check_io(plan: pf.PlanDef) -> None:
-    """Inputs are planned tensors (or plain values), each named once; each mutable buffer is named once."""
+    """Inputs are planned tensors, unplanned static ones no instruction writes (``alloc_graph_input=False``) or
+    plain values, each named once; each mutable buffer is named once."""
     seen: set[int] = set()
     for j, vid in enumerate(plan.inputs):
         v = plan.values[vid]
         name = plan.input_names[j] if j < len(plan.input_names) else str(j)
-        if isinstance(v, pf.TensorDef) and v.placement != pf.PLACEMENT_PLANNED:
+        if isinstance(v, pf.TensorDef) and v.placement != pf.PLACEMENT_PLANNED and (
+                v.placement != pf.PLACEMENT_DYNAMIC or v.sym_shape or v.storage_offset):  # DYNAMIC: unplanned
             _fail(plan, f"input {j} ('{name}') is a tensor of placement {v.placement}; the runtime copies inputs "
-                  "into planned arena slots", f"inputs[{j}]")
+                  "into planned arena slots (or, unplanned, runs on static-shaped ones)", f"inputs[{j}]")
+        if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_DYNAMIC and any(
+                vid in getattr(ins.call, "outputs", ()) for ins in plan.instructions):
+            _fail(plan, f"input {j} ('{name}') is unplanned but an instruction writes it", f"inputs[{j}]")
         if not isinstance(v, (pf.TensorDef, *_SCALAR_INPUTS)):
             _fail(plan, f"input {j} ('{name}') is a {type(v).__name__}, which no caller can pass", f"inputs[{j}]")
         if isinstance(v, pf.TensorDef) and vid in seen:

@@ -46,8 +46,8 @@ from edgetorch.formats import plan_check
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
 from edgetorch.formats.operators import ZERO_FILLED_ALLOCATIONS
-from edgetorch.runtime import _treespec
-from edgetorch.runtime._copy import clone, copy_into
+from edgetorch.runtime import _treespec, _unplanned
+from edgetorch.runtime._copy import clone
 from edgetorch.runtime._inputs import bind_keywords, check_tensor_input
 from edgetorch.runtime._load_checks import check_kernel, check_operators, first_run_calls
 from edgetorch.runtime._shapes import ShapeBinder, SymScalar, resolve, with_sym_args
@@ -144,6 +144,7 @@ class Method:
             warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only bytes object
             for i, v in enumerate(plan.values):
                 self._slots[i] = self._materialize(i, v, loaded)
+        self._unplanned = _unplanned.UnplannedInputs(plan, self._slots)  # gives unplanned inputs their slots
         self._constant_ids = {i for i, v in enumerate(plan.values)
                               if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_CONSTANT}
         writes = collections.Counter(o for ins in plan.instructions for o in getattr(ins.call, "outputs", ()))
@@ -497,7 +498,7 @@ class Method:
         if len(flat) != len(self._input_slots):
             raise RuntimeInputError(f"method '{self.name}' expects {len(self._input_slots)} input(s) "
                                     f"{self._meta.input_names}, got {len(flat)}")
-        for info, slot, x in zip(self._meta.inputs, self._input_slots, flat):
+        for j, (info, slot, x) in enumerate(zip(self._meta.inputs, self._input_slots, flat)):
             if isinstance(info, ValueInfo):
                 self._check_value_input(info, x)
                 continue
@@ -514,7 +515,7 @@ class Method:
             if x.shape != slot.shape:
                 raise RuntimeInputError(f"method '{self.name}': input '{info.name}' must have shape "
                                         f"{_shape_text(info, slot)}, got {list(x.shape)}")
-            copy_into(slot, x)
+            self._unplanned.fill(j, slot, x)
 
     def _collect_outputs(self) -> list:
         flat = []
