@@ -29,12 +29,12 @@ from edgetorch.devtools.inspector.comparators import NumericalComparatorBase, ge
 from edgetorch.devtools.inspector.events import _signature
 from edgetorch.devtools.inspector.numeric_gap import (
     RuntimeEntry,
-    _resolve,
-    _runtime_values,
     compare_values,
     compute_numeric_gap,
     reference_handles,
+    resolve_entry,
     runtime_entries,
+    runtime_values,
 )
 from edgetorch.errors import InspectorError
 from edgetorch.formats import etdump as ed
@@ -186,12 +186,12 @@ def logged_state(gm: torch.fx.GraphModule, entries: list[RuntimeEntry]) -> dict[
             handle_of[by_node[w]] = target
     state: dict[str, torch.Tensor] = {}
     for e in sorted(entries, key=lambda e: e.is_delegate_call):  # a kernel (or an op inside) before a call
-        res = _resolve(e, last, order)
+        res = resolve_entry(e, last, order)
         if isinstance(res, str) or res[0] not in handle_of or handle_of[res[0]] in state:
             continue
         h, index = res
         want = last[h].meta.get("val")
-        vals = _runtime_values(e, h, index, want)
+        vals = runtime_values(e, h, index, want)
         got = vals.get(0) if isinstance(vals, dict) else None
         if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.numel() == want.numel():
             state[handle_of[h]] = got.reshape(want.shape)

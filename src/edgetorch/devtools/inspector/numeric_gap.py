@@ -66,7 +66,7 @@ from edgetorch.exir.debug_handles import nodes_by_handle, source_location
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, KINDS, HandleGroup, OutputSource
 
 __all__ = ["RuntimeEntry", "runtime_entries", "Coverage", "reference_handles", "compare_values", "SCALE_COLUMNS",
-           "compute_numeric_gap"]
+           "compute_numeric_gap", "module_path", "resolve_entry", "runtime_values"]
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +181,8 @@ def _pick_runtime(e: RuntimeEntry, like: Any) -> torch.Tensor | str:
     return fit[0]
 
 
-def _resolve(e: RuntimeEntry, last: dict[int, torch.fx.Node], order: dict[int, int]
-             ) -> tuple[int, int | None] | str:
+def resolve_entry(e: RuntimeEntry, last: dict[int, torch.fx.Node], order: dict[int, int]
+                  ) -> tuple[int, int | None] | str:
     """(handle whose reference output the entry is compared with, index of the runtime tensor or None to pick
     by dtype/shape). A delegate call whose output sources are known is compared on the output that the latest
     reference op computes, never on another output that merely has the same dtype and shape."""
@@ -450,7 +450,8 @@ def compare_values(comparator: NumericalComparatorBase, ref: torch.Tensor, rt: t
     return comparator.compare(ref, rt), name, None
 
 
-def _module_path(node: torch.fx.Node) -> str:
+def module_path(node: torch.fx.Node) -> str:
+    """The dotted module path of a node (its innermost ``nn_module_stack`` entry), or ""."""
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return ""
@@ -503,8 +504,8 @@ def _delegate_boundaries(rows: list[dict[str, Any]]) -> None:
         r["verdict"] = "real" if beyond or (boundary is None and mismatch_count(a, b)) else i["verdict"]
 
 
-def _runtime_values(e: RuntimeEntry, h: int, index: int | None, want: Any
-                    ) -> dict[int, torch.Tensor] | list[torch.Tensor] | None:
+def runtime_values(e: RuntimeEntry, h: int, index: int | None, want: Any
+                   ) -> dict[int, torch.Tensor] | list[torch.Tensor] | None:
     """The runtime values entry ``e`` gives for the outputs of reference op ``h`` (whose value is ``want``, a
     fake tensor or a list of them): known positions for a kernel or a delegate call whose output sources are
     recorded, or the entry's tensors in unknown order for a multi-output op logged inside a delegate."""
@@ -548,13 +549,13 @@ def _walk(j: _Join, reference: torch.fx.GraphModule, inputs: tuple, picked: list
     for e, h, index in picked if local else ():
         if e.is_delegate_call and h in runtime:
             continue
-        vals = _runtime_values(e, h, index, j.last[h].meta.get("val"))
+        vals = runtime_values(e, h, index, j.last[h].meta.get("val"))
         if vals:
             runtime[h] = vals
             j.provider[h] = e
     fill = {}  # what the runtime's uninitialised allocations held: the reference starts from the same bytes
     for e, h, index in picked:
-        vals = _runtime_values(e, h, index, j.last[h].meta.get("val")) if is_uninitialised(j.last[h]) else None
+        vals = runtime_values(e, h, index, j.last[h].meta.get("val")) if is_uninitialised(j.last[h]) else None
         if isinstance(vals, dict) and 0 in vals:
             fill[h] = vals[0]
     j.walk = _JointWalk(reference, j.last, runtime if local else None, state, fill)
@@ -625,7 +626,7 @@ def _row(j: _Join, e: RuntimeEntry, h: int, ref: torch.Tensor, rt: torch.Tensor,
         "runtime_intermediate_output": rt, "gap": [gap], "local_gap": [lgap], "metric": metric,
         "mismatches": mismatches, "dtype": str(ref.dtype).removeprefix("torch."),
         "stacktraces": {n.name: n.meta.get("stack_trace") for x in group for n in j.nodes.get(x, [])},
-        "source": source_location(node.meta.get("stack_trace")), "module": _module_path(node),
+        "source": source_location(node.meta.get("stack_trace")), "module": module_path(node),
         "instruction_id": e.instruction_id, "delegate": e.delegate_backend, "in_delegate_call": e.in_delegate_call,
         "shape": tuple(ref.shape), "ref_handle": h, **scale,
     }
@@ -673,7 +674,7 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
     cov = Coverage(runtime_total=len(entries), aot_total=len(last))
     picked: list[tuple[RuntimeEntry, int, int | None]] = []
     for e in entries:  # the reference op each entry is compared with: its group's latest one
-        res = _resolve(e, last, j.order)
+        res = resolve_entry(e, last, j.order)
         if isinstance(res, str):
             cov.unmatched.append(_unmatched(e, res))
         else:
