@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from edgetorch.devtools.inspector.float_reference import rank_quantization_culpr
 from edgetorch.errors import InspectorError
 from edgetorch.export import ExportRecipe, OrtRecipeType, PortableRecipeType, StageType, export
 from edgetorch.export.quantizer import SymmetricInt8Quantizer, SymmetricQuantizationConfig, float_handle
+from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, KINDS
 from edgetorch.runtime import Runtime
 from edgetorch.workflows.quant_fallback import (
     coarsen_weight,
@@ -114,6 +116,9 @@ def test_float_gap_matches_independent_computation(portable) -> None:  # noqa: A
     q = next(iter(next(n for n in gm.graph.nodes if n.name == "relu").users))
     assert df.loc["relu", "output_scale"] == pytest.approx(float(q.args[1]))
     assert 0.0 < df.loc["relu", "rmse_over_scale"] < 1.0
+    # the typed kind column: every row of a portable program reads a kernel's output
+    assert isinstance(df["kind"].dtype, pd.CategoricalDtype) and list(df["kind"].cat.categories) == list(KINDS)
+    assert set(df["kind"].astype(str)) == {KERNEL}
 
 
 def test_inspector_dispatch_and_culprit_ranking(portable) -> None:  # noqa: ANN001
@@ -158,6 +163,9 @@ def test_ort_rows_inside_the_delegate() -> None:
     df = run.table
     assert {ops[0] for ops in df["aot_ops"]} >= {"linear", "linear_1", "linear_2"}
     last = df[df["aot_ops"].map(lambda ops: ops[0]) == "linear_2"].iloc[0]
+    # inside the ONNX Runtime delegate: rows read the delegate's inner ops (or its call's outputs), no kernel
+    assert isinstance(df["kind"].dtype, pd.CategoricalDtype)
+    assert set(df["kind"].astype(str)) <= {IN_DELEGATE, DELEGATE_CALL} and len(df["kind"].dropna()) == len(df)
     with torch.no_grad():
         want = sum(_mse(model(*s), out[0]) for s, out in zip(samples, run.outputs)) / len(samples)
     assert last["gap"][0] == pytest.approx(want, rel=1e-4, abs=1e-12)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
@@ -16,10 +16,11 @@ import torch.fx
 from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry
 from edgetorch.exir.debug_handles import get_debug_handle
 from edgetorch.exir.quant_annotations import float_handle
+from edgetorch.formats.handles import DELEGATE_CALL
 
-__all__ = ["Group", "Read", "RowPlan", "Source", "const_eval", "edge_last", "float_ends", "float_weight", "input_plans",
-           "meta_tensor", "plan_reads", "quantized_groups", "quantized_inputs", "read_value", "row_plans",
-           "runtime_by_edge_handle"]
+__all__ = ["Group", "Logged", "Read", "RowPlan", "Source", "const_eval", "edge_last", "float_ends", "float_weight",
+           "input_plans", "meta_tensor", "plan_reads", "quantized_groups", "quantized_inputs", "read_value",
+           "row_plans", "runtime_by_edge_handle"]
 
 qd = torch.ops.quantized_decomposed
 _QUANTIZE = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor}
@@ -126,21 +127,28 @@ def const_eval(gm: torch.fx.GraphModule, n: torch.fx.Node) -> Any:
 
 # ---------------------------------------------------------------------------------------------------------------
 # runtime values
-def runtime_by_edge_handle(entries: list[RuntimeEntry], order: dict[int, int]) -> dict[int, list[torch.Tensor]]:
+class Logged(NamedTuple):
+    """The runtime tensors logged for an edge handle and the ``HandleGroup.kind`` of the entry that logged them."""
+
+    kind: str
+    tensors: list[torch.Tensor]
+
+
+def runtime_by_edge_handle(entries: list[RuntimeEntry], order: dict[int, int]) -> dict[int, Logged]:
     """Edge debug handle -> the runtime tensors logged for its last node (inner delegate rows first, delegate
-    call outputs where nothing finer was logged)."""
-    out: dict[int, list[torch.Tensor]] = {}
+    call outputs where nothing finer was logged), with the kind of the entry that logged them."""
+    out: dict[int, Logged] = {}
     for e in entries:
         if e.is_delegate_call:
             continue
         hs = [h for h in e.handles if h in order]
         if hs:
-            out[max(hs, key=order.__getitem__)] = e.tensors
+            out[max(hs, key=order.__getitem__)] = Logged(e.group.kind, e.tensors)
     for e in entries:
         if e.is_delegate_call and e.output_sources and len(e.output_sources) == len(e.tensors):
             for src, t in zip(e.output_sources, e.tensors):
                 if src is not None and src[0] not in out:
-                    out[src[0]] = [t]
+                    out[src[0]] = Logged(DELEGATE_CALL, [t])
     return out
 
 
@@ -180,16 +188,19 @@ def plan_reads(sources: list[Source], last: dict[int, torch.fx.Node]) -> tuple[R
     return tuple(out)
 
 
-def read_value(reads: tuple[Read, ...], rt: dict[int, list[torch.Tensor]]) -> tuple[torch.Tensor, torch.fx.Node] | None:
-    """The first readable source's runtime value (dequantized), or None."""
+def read_value(reads: tuple[Read, ...], rt: dict[int, Logged]) -> tuple[torch.Tensor, torch.fx.Node, str] | None:
+    """The first readable source's runtime value (dequantized), its node and the kind of the entry that logged
+    it, or None."""
     for r in reads:
-        t = next((t for t in rt.get(r.edge_handle, ()) if t.dtype == r.dtype and t.numel() == r.numel), None)
+        logged = rt.get(r.edge_handle)
+        t = None if logged is None else next(
+            (t for t in logged.tensors if t.dtype == r.dtype and t.numel() == r.numel), None)
         if t is None:
             continue
         if r.scale is not None:  # the same float32 arithmetic as (t - zero_point) * scale, one buffer
             t = t.to(torch.float32, copy=True).sub_(r.zero_point).mul_(r.scale)
         if t.is_floating_point():
-            return t, r.node
+            return t, r.node, logged.kind
     return None
 
 
@@ -218,7 +229,7 @@ def input_plans(qgm: torch.fx.GraphModule, last: dict[int, torch.fx.Node],
 
 
 def quantized_inputs(plans: list[tuple[int, tuple[Read, ...], torch.Tensor]],
-                      rt: dict[int, list[torch.Tensor]]) -> dict[int, torch.Tensor]:
+                      rt: dict[int, Logged]) -> dict[int, torch.Tensor]:
     """User input index -> the runtime's dequantized value of that input (where the program quantizes it),
     shaped as the float graph's input."""
     out = {}

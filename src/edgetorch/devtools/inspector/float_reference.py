@@ -21,6 +21,8 @@ else the op's own float output. Columns:
   0.29 = 1/sqrt(12) for pure rounding; None without an output quantizer);
 * ``weight_sqnr_db`` / ``weight_mse``: the dequantized int8 weight vs the float weight (a batch norm folded into
   the weight at prepare time folded into the float weight too);
+* ``kind``: the ``HandleGroup.kind`` of the runtime entry the row reads (``formats.handles.KINDS``, a categorical
+  as in ``calculate_numeric_gap``): ``kernel``, ``in_delegate`` or ``delegate_call`` (a delegate call's output);
 * ``samples``: how many (sample, run) pairs the row aggregates: every recorded execution of ``method`` that has
   a representative input (record the calibration set with ``etrecord.update_representative_inputs(samples)``).
 
@@ -64,6 +66,7 @@ from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry, runtime_entri
 from edgetorch.errors import InspectorError
 from edgetorch.exir.debug_handles import source_location
 from edgetorch.exir.quant_annotations import ANNOTATED_OPS, module_paths
+from edgetorch.formats.handles import KERNEL, KINDS
 
 __all__ = ["FLOAT_GRAPH", "FloatReference", "annotated_consumers", "float_graph", "float_numeric_gap", "output_impact",
            "rank_quantization_culprits", "simulate_fallback", "with_output_impact"]
@@ -87,6 +90,7 @@ class _Stats:
     elements: int = 0
     first: tuple[torch.Tensor, torch.Tensor] | None = None
     runtime_node: str = ""
+    kind: str = KERNEL  # HandleGroup.kind of the runtime entry the row reads
 
     def add(self, ref: torch.Tensor, local: torch.Tensor, rt: torch.Tensor, sums: list[float],
             comparator: Any) -> None:
@@ -261,14 +265,14 @@ def _reading(prep: _Prepared, index: int, inputs: tuple, entries: list[RuntimeEn
     """One recorded sample's reading (see :meth:`FloatReference.readings`)."""
     rt = runtime_by_edge_handle(entries, prep.order)
     rows: dict[torch.fx.Node, torch.Tensor] = {}
-    ends: dict[torch.fx.Node, tuple[int, str]] = {}
+    ends: dict[torch.fx.Node, tuple[int, str, str]] = {}  # row node -> (handle, runtime node name, kind)
     pre: dict[torch.fx.Node, torch.Tensor] = {}
     for plan in prep.rows:
         got = read_value(plan.reads, rt)
         if got is None or got[0].numel() != plan.shape.numel():
             continue
         rows[plan.end] = _as(got[0], plan.shape, plan.dtype)
-        ends[plan.end] = (plan.handle, got[1].name)
+        ends[plan.end] = (plan.handle, got[1].name, got[2])
         if want_pre and got[1] is not prep.groups[plan.handle].sources[-1].node:
             before = read_value(plan.own, rt)
             if before is not None and before[0].numel() == plan.shape.numel():
@@ -294,9 +298,9 @@ def float_numeric_gap(inspector: Any, distance: str = "MSE", method: str | None 
     stats: dict[int, _Stats] = {}
     with torch.no_grad():
         for _, rows, ends, values, _ in _per_sample(inspector, method, runs):
-            for n, (h, rt_name) in ends.items():
+            for n, (h, rt_name, kind) in ends.items():
                 ref, loc, sums = values[n]
-                stats.setdefault(h, _Stats(runtime_node=rt_name)).add(ref, loc, rows[n], sums, comparator)
+                stats.setdefault(h, _Stats(runtime_node=rt_name, kind=kind)).add(ref, loc, rows[n], sums, comparator)
     df = _table(stats, prep, comparator, local)
     df.attrs.update(reference_graph=FLOAT_GRAPH, method=method,
                     distance=getattr(comparator, "name", type(comparator).__name__),
@@ -323,7 +327,7 @@ def output_impact(inspector: Any, method: str | None = None, runs: Sequence[int]
             ref_out = flat_cat(fgm(*flat))
             signal += sum_sq(ref_out)
             samples += 1
-            for n, (h, _) in ends.items():
+            for n, (h, *_) in ends.items():
                 out = flat_cat(Inject(fgm, {n: rows[n] - values[n][1]}).run(*flat))
                 if metric == "nsr":
                     acc[h] = acc.get(h, 0.0) + sum_sq(out - ref_out)
@@ -377,7 +381,7 @@ def simulate_fallback(inspector: Any, steps: int = 3, method: str | None = None,
         for flat, rows, ends, values, pre in _per_sample(inspector, method, runs, want_pre=True):
             noise = {n: rows[n] - values[n][1] for n in ends}
             fix = {n: _removable(heads[n], n, noise[n], pre.get(n), values[n][1],
-                                 ends[n][1] != groups[h].sources[-1].node.name) for n, (h, _) in ends.items()}
+                                 ends[n][1] != groups[h].sources[-1].node.name) for n, (h, *_) in ends.items()}
             data.append((flat, flat_cat(fgm(*flat)), noise, {n: f for n, f in fix.items() if f is not None}, ends))
         handles = data[0][4] if data else {}
         candidates = set.intersection(*(set(d[3]) for d in data)) if data else set()
@@ -416,7 +420,7 @@ def _weight_error(fgm: torch.fx.GraphModule, qgm: torch.fx.GraphModule, chain: l
     return _sqnr(sum_sq(w), noise), noise / max(1, w.numel())
 
 
-_COLUMNS = ["float_debug_handle", "aot_debug_handle", "aot_ops", "float_op", "runtime_ops", "gap", "local_gap",
+_COLUMNS = ["float_debug_handle", "aot_debug_handle", "aot_ops", "float_op", "runtime_ops", "kind", "gap", "local_gap",
             "metric", "sqnr_db", "local_sqnr_db", "rmse_over_scale", "output_scale", "weight_sqnr_db", "weight_mse",
             "quantized", "samples", "aot_intermediate_output", "runtime_intermediate_output", "module", "source",
             "shape"]
@@ -448,7 +452,7 @@ def _table(stats: dict[int, _Stats], prep: _Prepared, comparator: Any, local: bo
         names = [n.name for n in g.nodes]
         rows.append({
             **(static := _static_columns(prep, h)), "aot_ops": list(static["aot_ops"]),
-            "runtime_ops": names + ([s.runtime_node] if s.runtime_node not in names else []),
+            "runtime_ops": names + ([s.runtime_node] if s.runtime_node not in names else []), "kind": s.kind,
             "gap": [sum(s.gaps) / len(s.gaps)],
             "local_gap": [sum(s.local_gaps) / len(s.local_gaps)] if local else [None],
             "metric": metric,
@@ -460,7 +464,9 @@ def _table(stats: dict[int, _Stats], prep: _Prepared, comparator: Any, local: bo
             "runtime_intermediate_output": s.first[1],
             "shape": tuple(s.first[0].shape),
         })
-    return pd.DataFrame(rows, columns=_COLUMNS)
+    df = pd.DataFrame(rows, columns=_COLUMNS)
+    df["kind"] = pd.Categorical([r["kind"] for r in rows], categories=KINDS)  # typed, as in numeric_gap
+    return df
 
 
 def with_output_impact(inspector: Any, df: pd.DataFrame, method: str | None = None) -> pd.DataFrame:
