@@ -240,3 +240,12 @@ def test_an_unplanned_input_an_instruction_writes_is_refused_at_load():
     data = b"".join(bytes(p) for p in pf.build_file_parts(prog, list(et._layout.chunks())))
     with pytest.raises(ProgramFormatError, match=r"input 0 \('x'\) is unplanned but an instruction writes it"):
         Runtime.get().load_program(data).load_method("forward")
+
+
+@pytest.mark.parametrize("alignment", [16, 32, 96, 0, True])
+def test_backend_config_alignment_the_loader_would_refuse_is_refused(alignment):
+    from edgetorch.errors import MemoryPlanError
+    from edgetorch.exir import ExecutorchBackendConfig
+
+    with pytest.raises(MemoryPlanError, match="ExecutorchBackendConfig.alignment"):
+        ExecutorchBackendConfig(alignment=alignment)

@@ -8,6 +8,7 @@ import torch
 
 from edgetorch.errors import ExportError, MemoryPlanError
 from edgetorch.exir.memory_planning import ALGORITHMS, MemoryPlanningPass
+from edgetorch.formats.alignment import ALIGNMENT
 
 __all__ = ["DEFAULT_PRESERVED_OPS", "EdgeCompileConfig", "ExecutorchBackendConfig"]
 
@@ -75,6 +76,10 @@ class ExecutorchBackendConfig:
         if self.memory_planning_algo not in ALGORITHMS:
             raise MemoryPlanError(f"ExecutorchBackendConfig.memory_planning_algo {self.memory_planning_algo!r} is "
                                   f"unknown: one of {', '.join(ALGORITHMS)}")
+        a = self.alignment
+        if isinstance(a, bool) or not isinstance(a, int) or a < ALIGNMENT or a & (a - 1):
+            raise MemoryPlanError(f"ExecutorchBackendConfig.alignment {a!r}: a power of two of at least {ALIGNMENT} "
+                                  "(the loader refuses a planned tensor off that boundary)")
         if self.memory_planning_pass is not None and not isinstance(self.memory_planning_pass, MemoryPlanningPass):
             raise MemoryPlanError("ExecutorchBackendConfig.memory_planning_pass must be an "
                                   "edgetorch.exir.passes.MemoryPlanningPass, got "
