@@ -31,7 +31,7 @@ def _lowered(generate_etrecord: bool = False):
 
 def _fields(lm: LoweredBackendModule) -> tuple:
     return (lm.backend_id, lm.processed_bytes, lm.compile_spec_items, lm.debug_handle_map, lm.debug_buffer_bytes,
-            [str(n.target) for n in lm.original_module.graph.nodes])
+            lm.named_data, [str(n.target) for n in lm.original_module.graph.nodes])
 
 
 def test_no_registry_and_the_graph_holds_the_lowered_module():
@@ -89,10 +89,11 @@ def test_etrecord_round_trip_rebuilds_the_lowered_modules():
     model, x, epm = _lowered(generate_etrecord=True)
     rec = epm.to_executorch().get_etrecord()
     rec.add_extra_export_modules({"lowered": epm})
+    ep = epm.exported_program()
+    lowered_of(delegate_calls(ep)[1]).named_data = {"weights": bytes(range(7)), "empty": b""}
     data = rec.to_bytes()
     assert b"pickle" not in data and b"\x80\x04\x95" not in data
     back = parse_etrecord(data).graph_map["lowered/forward"]
-    ep = epm.exported_program()
     assert [c.args[0].target for c in delegate_calls(back)] == [c.args[0].target for c in delegate_calls(ep)]
     for a, b in zip(delegate_calls(ep), delegate_calls(back)):
         assert _fields(lowered_of(a)) == _fields(lowered_of(b))

@@ -4,7 +4,8 @@ A lowered program holds each partition as a ``LoweredBackendModule`` submodule (
 delegate calls take as first argument (``exir.backend.lowered``). torch's program serializer writes such an
 argument as the string ``"<module name>-<backend id>"`` and nothing else, so the program's tensor index gets a
 ``lowered_modules`` list: per module its name, backend id, compile specs (values base64), backend op id ->
-debug handles map, debug-buffer bytes, blob (``processed_bytes``, in ``tensors.bin`` as uint8) and its
+debug handles map, debug-buffer bytes, blob (``processed_bytes``, in ``tensors.bin`` as uint8), named data
+(``named_data``: [key, uint8 tensor] pairs, only when there is some) and its
 ``original_module`` serialized like any program (graph JSON and tensor index, nested). Reading rebuilds each
 module and puts the ``get_attr`` node back in front of its calls.
 """
@@ -30,6 +31,7 @@ __all__ = ["MAX_NESTING", "LoweredDataError", "encode_lowered", "restore_lowered
 MAX_NESTING = 2
 _KEYS = {"name", "backend_id", "processed_bytes", "compile_specs", "debug_handle_map", "debug_buffer_bytes",
          "program"}
+_OPTIONAL = {"named_data"}
 _NAME_RE = re.compile(r"^lowered_module_\d{1,9}$")
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 
@@ -46,14 +48,27 @@ def encode_lowered(ep: ExportedProgram, blobs: TensorBlobWriter, what: str,
     for name, lm in lowered_modules(ep.graph_module).items():
         lm.module_name = name  # what torch's serializer writes in the call's first argument
         where = f"{what}: lowered module {name!r}"
-        blob = torch.frombuffer(bytearray(lm.processed_bytes), dtype=torch.uint8) if lm.processed_bytes \
-            else torch.empty(0, dtype=torch.uint8)
         graph, index = serialize(lm.original_module, where)
-        out.append({"name": name, "backend_id": lm.backend_id, "processed_bytes": blobs.add(blob, where),
+        named = getattr(lm, "named_data", None) or {}
+        extra = {"named_data": [[k, blobs.add(_u8(v), f"{where} named data {k!r}")] for k, v in named.items()]} \
+            if named else {}
+        out.append({**extra, "name": name, "backend_id": lm.backend_id,
+                    "processed_bytes": blobs.add(_u8(lm.processed_bytes), where),
                     "compile_specs": [[c.key, base64.b64encode(bytes(c.value)).decode()] for c in lm.compile_specs],
                     "debug_handle_map": [[k, [int(h) for h in v]] for k, v in lm.debug_handle_map.items()],
                     "debug_buffer_bytes": lm.debug_buffer_bytes, "program": {"graph": graph, "index": index}})
     return out
+
+
+def _u8(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+
+def _bytes(reader: TensorReader, ref: Any, what: str) -> bytes:
+    t = reader.read(ref, what)
+    if t.dtype != torch.uint8 or t.dim() != 1:
+        raise LoweredDataError(f"{what} must be a 1-d uint8 tensor")
+    return t.numpy().tobytes()
 
 
 def _int(v: Any) -> bool:
@@ -61,9 +76,10 @@ def _int(v: Any) -> bool:
 
 
 def _module(item: Any, reader: TensorReader, build: Callable[[Any, Any], ExportedProgram]) -> LoweredBackendModule:
-    if not isinstance(item, dict) or set(item) != _KEYS or not isinstance(item["name"], str) \
+    if not isinstance(item, dict) or not _KEYS <= set(item) <= _KEYS | _OPTIONAL or not isinstance(item["name"], str) \
             or not _NAME_RE.match(item["name"]):
-        raise LoweredDataError("a lowered module entry must hold exactly " + ", ".join(sorted(_KEYS)))
+        raise LoweredDataError("a lowered module entry must hold exactly " + ", ".join(sorted(_KEYS))
+                               + " (and named_data)")
     name = item["name"]
     if not isinstance(item["backend_id"], str) or not _ID_RE.match(item["backend_id"]):
         raise LoweredDataError(f"lowered module {name!r}: backend_id must be a short identifier")
@@ -86,11 +102,14 @@ def _module(item: Any, reader: TensorReader, build: Callable[[Any, Any], Exporte
     prog = item["program"]
     if not isinstance(prog, dict) or set(prog) != {"graph", "index"}:
         raise LoweredDataError(f"lowered module {name!r}: program must hold graph and index")
-    blob = reader.read(item["processed_bytes"], f"lowered module {name!r} processed_bytes")
-    if blob.dtype != torch.uint8 or blob.dim() != 1:
-        raise LoweredDataError(f"lowered module {name!r}: processed_bytes must be a 1-d uint8 tensor")
-    return LoweredBackendModule(item["backend_id"], blob.numpy().tobytes(), compile_specs,
-                                build(prog["graph"], prog["index"]), {k: tuple(v) for k, v in dmap}, dbb)
+    named = item.get("named_data", [])
+    if not isinstance(named, list) or not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and e[0]
+                                              for e in named) or len({e[0] for e in named}) != len(named):
+        raise LoweredDataError(f"lowered module {name!r}: named_data must be [key, tensor] pairs, one per key")
+    return LoweredBackendModule(
+        item["backend_id"], _bytes(reader, item["processed_bytes"], f"lowered module {name!r} processed_bytes"),
+        compile_specs, build(prog["graph"], prog["index"]), {k: tuple(v) for k, v in dmap}, dbb,
+        {k: _bytes(reader, ref, f"lowered module {name!r} named data {k!r}") for k, ref in named})
 
 
 def restore_lowered(ep: ExportedProgram, items: Any, reader: TensorReader,

@@ -34,12 +34,13 @@ LOWERED_MODULE_PREFIX = "lowered_module_"
 class LoweredBackendModule(torch.nn.Module):
     """One partition compiled by a backend: its blob (``processed_bytes``), the compile specs, the partition as
     an ExportedProgram (``original_module``; its parameters are buffers), the backend's op id -> edge debug
-    handles map and how many debug-buffer bytes one traced call logs. Calling it calls ``CALL_DELEGATE`` on
+    handles map, how many debug-buffer bytes one traced call logs and the named data it stores outside its blob
+    (``named_data``: key -> bytes, ``PreprocessResult.data_store_output``). Calling it calls ``CALL_DELEGATE`` on
     itself, which runs ``original_module``."""
 
     def __init__(self, backend_id: str, processed_bytes: bytes, compile_specs: list,
                  original_module: ExportedProgram, debug_handle_map: dict | None = None,
-                 debug_buffer_bytes: int | None = None) -> None:
+                 debug_buffer_bytes: int | None = None, named_data: dict[str, bytes] | None = None) -> None:
         super().__init__()
         self.backend_id = backend_id
         self.processed_bytes = bytes(processed_bytes)
@@ -47,6 +48,7 @@ class LoweredBackendModule(torch.nn.Module):
         self.original_module = original_module
         self.debug_handle_map = dict(debug_handle_map or {})  # backend op id -> tuple of edge handles
         self.debug_buffer_bytes = debug_buffer_bytes  # what one traced call logs (PreprocessResult's)
+        self.named_data: dict[str, bytes] = dict(named_data or {})  # stored once per program at emission
         self.module_name: str | None = None  # its attribute name in the graph module holding it
 
     def forward(self, *args: torch.Tensor) -> tuple:
