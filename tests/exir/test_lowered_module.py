@@ -8,10 +8,12 @@ import copy
 import gc
 import weakref
 
+import pytest
 import torch
 
 import edgetorch.exir.backend.lowered as lowered_mod
 from edgetorch.devtools.etrecord import parse_etrecord
+from edgetorch.errors import EdgeTorchError
 from edgetorch.exir import to_edge_transform_and_lower
 from edgetorch.exir.backend import CALL_DELEGATE, LoweredBackendModule, delegate_calls, get_delegation_info
 from edgetorch.exir.backend import lowered_module_of as lowered_of
@@ -99,3 +101,37 @@ def test_etrecord_round_trip_rebuilds_the_lowered_modules():
         assert _fields(lowered_of(a)) == _fields(lowered_of(b))
     assert get_delegation_info(back.graph_module) == get_delegation_info(ep.graph_module)
     torch.testing.assert_close(back.module()(x), model(x))
+
+
+def _edit_index(data: bytes, key: str, edit) -> bytes:
+    """The record with the tensor index of program ``key`` (a graph_map key) edited, its manifest resealed."""
+    import io
+    import json
+    import zipfile
+
+    from tests.fuzz.fuzzlib import reseal_etrecord
+
+    zin = zipfile.ZipFile(io.BytesIO(data))
+    entry = f"programs/{json.loads(zin.read('programs.json'))['graph_map'][key]}/tensors.json"
+    doc = json.loads(zin.read(entry))
+    edit(doc)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info, json.dumps(doc).encode() if info.filename == entry else zin.read(info))
+    return reseal_etrecord(buf.getvalue())
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.pop("lowered_modules"), "does not hold"),
+    (lambda d: d["lowered_modules"][0]["compile_specs"].append(["k", "not base64!"]), "not base64"),
+    (lambda d: d["lowered_modules"][0].update(name="__class__"), "must hold exactly"),
+    (lambda d: d["lowered_modules"][0].update(evil=1), "must hold exactly"),
+])
+def test_a_tampered_lowered_module_entry_is_a_typed_error(edit, message):
+    _, _, epm = _lowered(generate_etrecord=True)
+    rec = epm.to_executorch().get_etrecord()
+    rec.add_extra_export_modules({"lowered": epm})
+    bad = _edit_index(rec.to_bytes(), "lowered/forward", edit)
+    with pytest.raises(EdgeTorchError, match=message):
+        parse_etrecord(bad).graph_map["lowered/forward"]
