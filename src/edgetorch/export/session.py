@@ -488,7 +488,8 @@ class ExportSession:
         for method, model in self._model.items():
             sample = self._example_inputs[method][0]
             with torch.no_grad():
-                ep = capture_float_program(model, tuple(sample), dynamic_shapes=self._dynamic_shapes.get(method))
+                ep = capture_float_program(model, tuple(sample), dynamic_shapes=self._dynamic_shapes.get(method),
+                                           strict=self._export_recipe.strict)
             for name in ep.graph_signature.buffers_to_mutate.values():
                 table = ep.constants if name in ep.constants else ep.state_dict
                 if isinstance(table.get(name), torch.Tensor):
