@@ -8,7 +8,8 @@ The list is the op set the compiler can emit or an ETRecord reference graph can 
   with an out variant (what ``to_edge`` leaves undecomposed, e.g. ``rand_like``), with their out variants and
   in-place forms;
 * the ``quantized_decomposed`` Q/DQ ops (PT2E), the pure-Python ``torchao`` affine quantization primitives and
-  every ``edgetorch::`` op (``call_delegate``, the low-bit linear kernels of ``runtime.lowbit``);
+  every ``edgetorch::`` op (the low-bit linear kernels of ``runtime.lowbit``; a delegate call is torch's
+  ``executorch_call_delegate`` higher-order op, no operator);
 
 minus every op that reads or writes a file, makes storage the planner does not own, leaves memory
 uninitialised, prints, or runs a kernel the runtime never needs (backward, sparse, nested, device-specific,
@@ -50,7 +51,7 @@ _EXTRA = {  # pure-Python ops of other namespaces (their module is imported befo
 }
 _TORCHAO = ("quantize_affine", "dequantize_affine", "choose_qparams_affine", "choose_scale_float8",
             "quantize_affine_float8_non_decomposed", "dequantize_affine_float8_non_decomposed")
-_EDGETORCH = ("edgetorch.runtime", "edgetorch.exir.backend.lowered")  # modules defining the edgetorch:: ops
+_EDGETORCH = ("edgetorch.runtime",)  # modules defining the edgetorch:: ops
 # ATen ops of the symbolic-shape and assertion machinery that export leaves in a graph (every overload)
 _ATEN_EXTRA = ("_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range",
                "sym_constrain_range_for_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
@@ -125,7 +126,7 @@ def _others() -> set[str]:
                 name = s.name.split("::")[1]
                 if ns == "quantized_decomposed" or name in _TORCHAO:
                     out.add(f"{s.name}.{s.overload_name or 'default'}")
-    for module in _EDGETORCH:  # every edgetorch:: op: call_delegate, the low-bit linear kernels
+    for module in _EDGETORCH:  # every edgetorch:: op: the low-bit linear kernels
         importlib.import_module(module)
     out |= {f"{s.name}.{s.overload_name or 'default'}" for s in torch._C._jit_get_all_schemas()
             if s.name.startswith("edgetorch::")}
