@@ -71,6 +71,7 @@ class GenerationStep:
     size_bytes: int
     decode_ms: float
     ranking: list[str] = field(default_factory=list)  # worst first (empty when not ranked)
+    local_ranking: list[str] = field(default_factory=list)  # by mean local SQNR alone, worst first
 
     @property
     def restored(self) -> bool:
@@ -225,10 +226,11 @@ def measure_program(pte: bytes, prompt: torch.Tensor, float_tokens: list[int],
     return _agreement(logits, float_tokens), _sqnr(float_logits, logits), ms
 
 
-def rank_layers(et: Any, model: torch.nn.Module, prompt: torch.Tensor, float_tokens: list[int]) -> list[str]:
+def rank_layers(et: Any, model: torch.nn.Module, prompt: torch.Tensor,
+                float_tokens: list[int]) -> tuple[list[str], list[str]]:
     """The quantized layers of program ``et`` (exported with an ETRecord), most responsible first: the run fed
     the float model's tokens ``float_tokens``, recorded, and ``quantized_generation_table(model, impact=True)``
-    (mean logit share, then mean local SQNR)."""
+    (mean logit share, then mean local SQNR); and by mean local SQNR alone (the table's ``attrs["ranking"]``)."""
     from edgetorch.devtools import Inspector
     from edgetorch.runtime import Runtime
 
@@ -242,7 +244,7 @@ def rank_layers(et: Any, model: torch.nn.Module, prompt: torch.Tensor, float_tok
         df = insp.quantized_generation_table(model, impact=True)
     if hasattr(model, "reset_cache"):
         model.reset_cache()
-    return _ranking(df)
+    return _ranking(df), [str(p) for p in df.attrs["ranking"].index]
 
 
 def _ranking(df: pd.DataFrame) -> list[str]:
@@ -294,7 +296,7 @@ def _step(model: torch.nn.Module, prompt: torch.Tensor, ref: tuple[list[int], to
     agree, sqnr, ms = measure_program(et.buffer, prompt, *ref)
     step = GenerationStep(reexport, list(int8), list(flt), agree, len(ref[0]), sqnr, len(et.buffer), ms)
     if rank and not step.restored:
-        step.ranking = rank_layers(et, model, prompt, ref[0][:rank])
+        step.ranking, step.local_ranking = rank_layers(et, model, prompt, ref[0][:rank])
     return step
 
 

@@ -1,0 +1,146 @@
+"""The mixed-precision fix of a low-bit LLM, proven in tokens (``find_generation_fix``): the recipe's 8-bit / float
+exclusions reach the program; on a llama_tiny taught a confident task (next token = token + 1: a random model's
+flat logits flip under any rounding), a layer planted with outliers that ruin its int4 group scales is ranked
+first, and keeping it at int8 / float restores greedy agreement with the float model within 4 re-exports: checked
+by a free-running generation of the fixed program on the runtime against the float model's own."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from edgetorch.errors import InspectorError, RecipeError
+from edgetorch.export import ExportRecipe, PortableRecipeType
+from edgetorch.models.llama import build_llama_tiny, example_prompt
+
+pytest.importorskip("torchao")
+
+RECIPE = PortableRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR
+PLANTED = "layers.0.feed_forward.w2"
+TOKENS = 32
+
+
+def _source_transform(model, **options):
+    from edgetorch.export.stages import PipelineArtifact, SourceTransformStage
+
+    stage = SourceTransformStage(ExportRecipe.get_recipe(RECIPE, **options).quantization_recipe)
+    stage.run(PipelineArtifact({"decode": model}))
+    return stage.get_artifacts().data["decode"]
+
+
+def test_recipe_keeps_named_layers_at_int8_or_float():
+    from edgetorch.export.lowbit import LowBitLinear
+
+    model = build_llama_tiny()
+    q = _source_transform(model, int8_module_paths=("layers.0.attention.wv",),
+                          exclude_module_paths=("layers.1.attention.wo",))
+    bits = {n: m.bits for n, m in q.named_modules() if isinstance(m, LowBitLinear)}
+    assert bits["layers.0.attention.wv"] == 8 and not q.get_submodule("layers.0.attention.wv").act_quant
+    assert type(q.get_submodule("layers.1.attention.wo")) is torch.nn.Linear
+    assert sum(b == 4 for b in bits.values()) == 13 and len(bits) == 14
+    # the int8 weights are torchao's int8 per-channel quantization of the float weight
+    w = model.get_submodule("layers.0.attention.wv").weight.detach()
+    m = q.get_submodule("layers.0.attention.wv")
+    deq = m.weight.float() * m.scales.reshape(-1, 1)
+    assert float((deq - w).abs().max()) <= float(m.scales.max()) / 2 + 1e-6
+    # excluded wins over int8
+    q = _source_transform(model, int8_module_paths="layers.0.attention.wv", exclude_module_paths="attention.wv")
+    assert type(q.get_submodule("layers.0.attention.wv")) is torch.nn.Linear
+    with pytest.raises(RecipeError, match="int8_module_paths"):
+        ExportRecipe.get_recipe(RECIPE, int8_module_paths=("",))
+
+
+def test_bad_arguments_raise_typed_errors():
+    from edgetorch.workflows.generation_fix import find_generation_fix
+
+    model = build_llama_tiny()
+    prompt = example_prompt(model.config, 4)
+    with pytest.raises(RecipeError, match="not a torchao low-bit recipe"):
+        find_generation_fix(model, prompt, PortableRecipeType.FP32)
+    with pytest.raises(InspectorError, match="tokens"):
+        find_generation_fix(model, prompt, RECIPE, tokens=0)
+    with pytest.raises(InspectorError, match="keep"):
+        find_generation_fix(model, prompt, RECIPE, keep="int4")
+    with pytest.raises(InspectorError, match="prompt"):
+        find_generation_fix(model, prompt[0], RECIPE)
+    with pytest.raises(RecipeError, match="method_inputs"):
+        find_generation_fix(torch.nn.Linear(2, 2), prompt, RECIPE)
+
+
+def _fresh_caches(model):
+    for mod in model.modules():
+        for b in list(mod._buffers):
+            if "cache" in b:
+                mod._buffers[b] = torch.zeros_like(mod._buffers[b]).detach()
+
+
+def _trained_llama(steps: int = 150):
+    """llama_tiny taught next = (token + 1) % vocab (Adam, seeded): confident greedy choices."""
+    model = build_llama_tiny()
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        ids = (torch.randint(256, (1, 1), generator=g) + torch.arange(41)) % 256
+        _fresh_caches(model)
+        loss = torch.nn.functional.cross_entropy(model(ids[:, :-1], torch.arange(40))[0], ids[0, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    _fresh_caches(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def _plant(model, path, factor=16.0):
+    w = model.get_submodule(path).weight
+    with torch.no_grad():
+        w[:, 17::32] = factor * w.abs().max()  # one outlier per int4 group: every group's scale ruined
+
+
+def _free_running(pte: bytes, prompt, n):
+    from edgetorch.models.generation import greedy_generate
+    from edgetorch.runtime import Runtime
+
+    prog = Runtime.get().load_program(pte)
+    return greedy_generate(prog.load_method("prefill").execute, prog.load_method("decode").execute, prompt, n)
+
+
+@pytest.mark.slow
+def test_planted_layer_ranked_first_and_fix_restores_agreement():
+    from edgetorch.models.generation import greedy_generate
+    from edgetorch.workflows.generation_fix import _export, find_generation_fix, llm_export_args
+
+    model = _trained_llama()
+    _plant(model, PLANTED)
+    prompt = torch.randint(256, (1, 8), generator=torch.Generator().manual_seed(7))
+    lines: list[str] = []
+    result = find_generation_fix(copy.deepcopy(model), prompt, RECIPE, tokens=TOKENS, max_reexports=4,
+                                 progress=lines.append)
+    model.reset_cache()
+    with torch.no_grad():
+        want = greedy_generate(model.prefill, model.decode, prompt, TOKENS)
+    assert result.float_tokens == want
+    # the baseline's agreement is that of a free-running generation on the runtime
+    base = _export(model, RECIPE, {}, llm_export_args(model), etrecord=False)
+    got = _free_running(base.buffer, prompt, TOKENS)
+    prefix = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), TOKENS)
+    assert result.baseline.agreement == prefix < TOKENS
+    assert result.ranking[0] == PLANTED
+    assert result.proven and 1 <= result.reexports <= 4, result.to_dataframe().to_string()
+    fix = result.fix
+    assert PLANTED in fix["int8"] + fix["float"]
+    for path in fix["int8"] + fix["float"]:  # module paths of the model's Linears
+        assert isinstance(model.get_submodule(path), torch.nn.Linear)
+    # proven independently: the fixed program, re-exported, generates the float model's tokens
+    options = {"int8_module_paths": tuple(fix["int8"]), "exclude_module_paths": tuple(fix["float"])}
+    fixed = _export(model, RECIPE, options, llm_export_args(model), etrecord=False)
+    assert _free_running(fixed.buffer, prompt, TOKENS) == want
+    step = result.fix_step
+    assert step.size_bytes == len(fixed.buffer) and step.size_bytes > result.baseline.size_bytes
+    assert step.logits_sqnr_db > result.baseline.logits_sqnr_db
+    assert lines[0].startswith("baseline:") and "re-export 1:" in lines[1]
+    assert "(proven)" in result.summary() and PLANTED in result.summary()
