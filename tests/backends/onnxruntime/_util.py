@@ -134,10 +134,19 @@ def tensors_of(v: Any) -> list:
     return v if isinstance(v, list) else [v]
 
 
-def perturb_blob(blob: bytes) -> tuple[bytes, str, str]:
+def standalone_blob(lowered: Any) -> bytes:
+    """A lowered module's blob with every weight inline (container version 1): what a test hands ``OrtDelegate``
+    or ``_blob.unpack`` on its own, without the program whose named data holds the large weights."""
+    u = _blob.unpack(lowered.processed_bytes, named_data=getattr(lowered, "named_data", None))
+    header = {k: v for k, v in u.header.items() if k not in ("model", "initializers")}
+    return _blob.pack(header, bytes(u.model), list(u.initializers.items()))
+
+
+def perturb_blob(blob: bytes, named_data: dict | None = None) -> tuple[bytes, str, str]:
     """Scales one external initializer (the weight read by a node in the middle of the ONNX graph) by 1.1;
-    returns the new blob, the initializer name and the ONNX node reading it."""
-    u = _blob.unpack(blob)
+    returns the new blob (every weight inline: it no longer reads ``named_data``, the lowered module's), the
+    initializer name and the ONNX node reading it."""
+    u = _blob.unpack(blob, named_data=named_data)
     proto = onnx.ModelProto.FromString(bytes(u.model))
     readers = [(n, i) for n in proto.graph.node for i in n.input if i in u.initializers
                and u.initializers[i].dtype == np.float32 and u.initializers[i].ndim >= 2]

@@ -31,7 +31,7 @@ def _inspect(name: str, tmp: str, perturb: bool = False):
     lowered = lowered_module_of(delegate_calls(epm.exported_program())[0])
     planted = None
     if perturb:
-        lowered.processed_bytes, _, onnx_node = perturb_blob(lowered.processed_bytes)
+        lowered.processed_bytes, _, onnx_node = perturb_blob(lowered.processed_bytes, lowered.named_data)
         planted = set(_blob.unpack(lowered.processed_bytes).header["nodes"][onnx_node])
     et = epm.to_executorch()
     pte, rec_path = os.path.join(tmp, "m.pte"), os.path.join(tmp, "etrecord.bin")

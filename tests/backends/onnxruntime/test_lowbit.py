@@ -37,7 +37,8 @@ def _onnx_models(session, method):
     ep = session.get_edge_program_manager().exported_program(method)
     out = []
     for call in delegate_calls(ep):
-        u = _blob.unpack(lowered_module_of(call).processed_bytes)
+        lm = lowered_module_of(call)
+        u = _blob.unpack(lm.processed_bytes, named_data=lm.named_data)  # weights: the program's named data
         out.append((onnx.ModelProto.FromString(bytes(u.model)), dict(u.initializers)))
     return out
 

@@ -61,8 +61,8 @@ def test_qdq_nodes_are_delegated_and_export_as_quantize_linear(quantized):
     assert compute_nodes(low.lowered) == [] and len(delegate_calls(low.lowered)) == 1
     inner = {str(n.target) for n in lowered_module_of(delegate_calls(low.lowered)[0]).original_module.graph.nodes}
     assert any("quantize_per_tensor" in t for t in inner)
-    proto = onnx.ModelProto.FromString(bytes(_blob.unpack(lowered_module_of(delegate_calls(low.lowered)[0])
-                                                          .processed_bytes).model))
+    lm = lowered_module_of(delegate_calls(low.lowered)[0])
+    proto = onnx.ModelProto.FromString(bytes(_blob.unpack(lm.processed_bytes, named_data=lm.named_data).model))
     ops = {n.op_type for n in proto.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
 

@@ -27,6 +27,7 @@ from tests.backends.onnxruntime._util import (
     perturb_blob,
     rel_err,
     runtime_options,
+    standalone_blob,
     tensors_of,
     traced_delegate_outputs,
 )
@@ -39,7 +40,7 @@ def cnn():
 
 
 def _blob_of(low) -> bytes:
-    return lowered_module_of(delegate_calls(low.lowered)[0]).processed_bytes
+    return standalone_blob(lowered_module_of(delegate_calls(low.lowered)[0]))
 
 
 def _handle(method) -> OrtDelegate:

@@ -3,7 +3,7 @@
 Layout (little endian)::
 
     0   magic  b"ETORTDLG"
-    8   u32    container version (1)
+    8   u32    container version (1; 2 when some initializers lie in the program's named data)
     12  u32    header length H (bytes of UTF-8 JSON)
     16  u64    total blob length (catches truncation)
     24  u32    CRC-32 of the header bytes
@@ -16,13 +16,20 @@ P) plus everything the runtime needs without parsing the model: input/output nam
 the debug tables (ONNX value/node name -> edge debug handles). Large initializers are stored outside the
 ModelProto (marked as external data) so that the runtime can hand ONNX Runtime zero-copy views of the mapped
 program file, shared by every session it builds for the delegate. No pickle anywhere.
+
+Version 2: an initializer entry with a ``key`` (and no ``offset``) is not in the payload: its bytes are the
+program's named data under that key (``PreprocessResult.data_store_output``), shared by every delegate of every
+method that stores the same content; the key is ``"onnxruntime/sha256:<hex>"`` of the bytes. ``unpack`` resolves
+it through the ``named_data`` lookup the runtime hands the backend at init.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +39,11 @@ from edgetorch.errors import FormatError
 from edgetorch.formats.alignment import align
 
 MAGIC = b"ETORTDLG"
-CONTAINER_VERSION = 1
+CONTAINER_VERSION = 2
+#: container versions this reader reads (1: every initializer in the payload)
+READABLE_VERSIONS = (1, 2)
+#: prefix of the named-data keys of this backend's weights
+NAMED_KEY_PREFIX = "onnxruntime/sha256:"
 _FIXED = struct.Struct("<8sIIQII")
 #: the ``location`` every external initializer of the stored ModelProto names
 EXTERNAL_LOCATION = "edgetorch-onnxruntime-blob"
@@ -52,8 +63,16 @@ class UnpackedBlob:
     initializers: dict[str, np.ndarray]  # read-only views into the blob
 
 
-def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.ndarray]]) -> bytes:
-    """Builds a blob; ``header`` gets ``model`` and ``initializers`` entries (payload offsets) added."""
+def named_key(raw: memoryview | bytes) -> str:
+    """The named-data key of a weight's bytes (its content hash: equal bytes in two delegates share one entry)."""
+    return NAMED_KEY_PREFIX + hashlib.sha256(raw).hexdigest()
+
+
+def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.ndarray]],
+         named: dict[str, bytes] | None = None, named_min_bytes: int = 0) -> bytes:
+    """Builds a blob; ``header`` gets ``model`` and ``initializers`` entries (payload offsets) added. With
+    ``named`` (a dict filled here), initializers of at least ``named_min_bytes`` bytes go there under their
+    content key instead of into the payload (container version 2)."""
     header = dict(header)
     parts: list[Any] = []
     pos = 0
@@ -72,21 +91,30 @@ def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.
     table = []
     for name, arr in initializers:
         arr = np.ascontiguousarray(arr)
-        off = put(memoryview(arr.reshape(-1).view(np.uint8)), arr.nbytes)
-        table.append({"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": off,
-                      "nbytes": int(arr.nbytes)})
+        raw = memoryview(arr.reshape(-1).view(np.uint8))
+        entry: dict[str, Any] = {"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape),
+                                 "nbytes": int(arr.nbytes)}
+        if named is not None and arr.nbytes >= max(named_min_bytes, 1):
+            entry["key"] = named_key(raw)
+            named[entry["key"]] = raw.tobytes()
+        else:
+            entry["offset"] = put(raw, arr.nbytes)
+        table.append(entry)
     header["initializers"] = table
+    version = 2 if any("key" in e for e in table) else 1
     head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     payload_start = align(_FIXED.size + len(head))
     payload_crc = 0
     for p in parts:
         payload_crc = zlib.crc32(p, payload_crc)
-    fixed = _FIXED.pack(MAGIC, CONTAINER_VERSION, len(head), payload_start + pos, zlib.crc32(head), payload_crc)
+    fixed = _FIXED.pack(MAGIC, version, len(head), payload_start + pos, zlib.crc32(head), payload_crc)
     return b"".join([fixed, head, bytes(payload_start - _FIXED.size - len(head)), *parts])
 
 
-def unpack(blob: memoryview | bytes, verify_payload: bool = True) -> UnpackedBlob:
-    """Parses and checks a blob; raises ``OrtBlobError`` naming what is wrong."""
+def unpack(blob: memoryview | bytes, verify_payload: bool = True,
+           named_data: Callable[[str], memoryview] | Mapping[str, bytes] | None = None) -> UnpackedBlob:
+    """Parses and checks a blob; raises ``OrtBlobError`` naming what is wrong. ``named_data``: the program's
+    lookup (key -> bytes), needed by a blob whose initializers lie in the program's named data."""
     mv = memoryview(blob).cast("B") if not isinstance(blob, memoryview) or blob.format != "B" else blob
     n = mv.nbytes
     if n < _FIXED.size:
@@ -95,9 +123,9 @@ def unpack(blob: memoryview | bytes, verify_payload: bool = True) -> UnpackedBlo
     if magic != MAGIC:
         raise OrtBlobError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}): this is not an onnxruntime delegate "
                            "blob, or its first bytes are corrupted", field="magic")
-    if version != CONTAINER_VERSION:
-        raise OrtBlobError(f"container version {version} is not supported (this runtime reads version "
-                           f"{CONTAINER_VERSION}); re-export the program with this edgetorch", field="version")
+    if version not in READABLE_VERSIONS:
+        raise OrtBlobError(f"container version {version} is not supported (this runtime reads versions "
+                           f"{list(READABLE_VERSIONS)}); re-export the program with this edgetorch", field="version")
     if total != n:
         what = "truncated" if n < total else "has trailing bytes"
         raise OrtBlobError(f"{what}: the header says {total} bytes, the blob has {n}", field="total_length")
@@ -132,7 +160,7 @@ def unpack(blob: memoryview | bytes, verify_payload: bool = True) -> UnpackedBlo
     inits: dict[str, np.ndarray] = {}
     for i, e in enumerate(header["initializers"]):
         what = f"initializers[{i}]"
-        raw = span(e, what)
+        raw = _named_span(e, what, named_data, version) if "key" in e else span(e, what)
         try:
             dtype = np.dtype(e["dtype"])
             shape = tuple(int(s) for s in e["shape"])
@@ -144,3 +172,24 @@ def unpack(blob: memoryview | bytes, verify_payload: bool = True) -> UnpackedBlo
                                field=what)
         inits[str(e["name"])] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
     return UnpackedBlob(header, model, inits)
+
+
+def _named_span(e: dict, what: str, named_data: Callable[[str], memoryview] | Mapping[str, bytes] | None,
+                version: int) -> memoryview:
+    """The bytes of an initializer stored in the program's named data (container version 2)."""
+    key = e.get("key")
+    if version < 2 or not isinstance(key, str) or not key.startswith(NAMED_KEY_PREFIX):
+        raise OrtBlobError(f"{what} has an invalid named-data key {key!r}", field=what)
+    if named_data is None:
+        raise OrtBlobError(f"{what} ('{e.get('name')}') lies in the program's named data '{key}': load the blob "
+                           "through its program (the runtime hands the backend the named_data lookup)", field=what)
+    try:
+        raw = memoryview(named_data[key] if isinstance(named_data, Mapping) else named_data(key)).cast("B")
+    except KeyError:
+        raise OrtBlobError(f"{what} ('{e.get('name')}'): no named data '{key}'", field=what) from None
+    except FormatError as err:
+        raise OrtBlobError(f"{what} ('{e.get('name')}'): {err}", field=what) from None
+    if raw.nbytes != e.get("nbytes"):
+        raise OrtBlobError(f"{what} ('{e.get('name')}'): named data '{key}' holds {raw.nbytes} bytes, the blob "
+                           f"expects {e.get('nbytes')}", field=what)
+    return raw

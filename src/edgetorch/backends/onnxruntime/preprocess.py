@@ -32,7 +32,12 @@ from edgetorch.backends.onnxruntime._fusions import fuse_gelu
 from edgetorch.backends.onnxruntime._lowbit import lower_lowbit_nodes, register_lowbit_ops
 from edgetorch.backends.onnxruntime.ops import REWRITTEN, op_name, quantize_ops
 from edgetorch.errors import ExportError
-from edgetorch.exir.backend.backend_details import BackendDetails, PreprocessResult, register_backend_details
+from edgetorch.exir.backend.backend_details import (
+    BackendDetails,
+    NamedDataStore,
+    PreprocessResult,
+    register_backend_details,
+)
 from edgetorch.exir.backend.partitioner import CompileSpec
 from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
@@ -52,6 +57,9 @@ _TRANSLATE_RE = re.compile(r"translating node %([^\s:]+)")
 _MULTI_OUT_RE = re.compile(r"(.+)__(\d+)")
 
 COMPILE_SPEC_DEFAULTS: dict[str, str] = {
+    # weights of at least this many bytes go to the program's named data, stored once per program and shared by
+    # every delegate and method holding the same bytes (prefill and decode); smaller ones and "-1": in the blob
+    "named_data_min_bytes": "65536",
     "graph_optimization_level": "ORT_ENABLE_ALL",  # ORT_DISABLE_ALL / ORT_ENABLE_BASIC / _EXTENDED / _ALL
     "intra_op_num_threads": "0",  # 0: torch.get_num_threads() when the program is loaded
     "exporter": "fast",  # or "torch.onnx"
@@ -575,8 +583,38 @@ def _fold_weight_transposes(proto: Any, keep: set[str]) -> list[str]:
     return removed
 
 
-def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, dict[str, Any]]:
-    """Exports a partition and packs the blob; returns it and its header."""
+def _externalize_inline(proto: Any, external: list[tuple[str, np.ndarray]]) -> None:
+    """Moves the large initializers the ONNX rewrites added inline (``MatMulNBits`` scales: 0.75 MiB per llama_100m
+    layer) out of the ModelProto, like ``_externalize``, so they too can be named data shared by every method."""
+    from onnx import TensorProto, numpy_helper
+
+    for t in proto.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL or len(t.raw_data) < EXTERNAL_MIN_BYTES:
+            continue
+        arr = numpy_helper.to_array(t)
+        if arr.dtype.kind not in "biuf":
+            continue
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", _blob.EXTERNAL_LOCATION), ("offset", "0"), ("length", str(arr.nbytes))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        external.append((t.name, arr))
+
+
+def _named_min_bytes(specs: dict[str, str]) -> int:
+    raw = specs["named_data_min_bytes"]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ExportError(f"onnxruntime: compile spec named_data_min_bytes={raw!r} is not an integer") from None
+    return value if value >= 0 else 1 << 62  # negative: every weight stays in the blob
+
+
+def lower_partition(ep: ExportedProgram, specs: dict[str, str],
+                    named: dict[str, bytes] | None = None) -> tuple[bytes, dict[str, Any]]:
+    """Exports a partition and packs the blob; returns it and its header. With ``named`` (filled here), the
+    weights of at least ``named_data_min_bytes`` go to the program's named data (``_blob.pack``)."""
     import onnx_ir as ir
 
     t0 = time.perf_counter()
@@ -605,6 +643,7 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, 
     lower_lowbit_nodes(proto, external, specs["lowbit_dynamic_compute"])
     for name in _fold_weight_transposes(proto, set(tables["intermediates"])):
         tables["nodes"].pop(name, None)
+    _externalize_inline(proto, external)
     model_bytes = proto.SerializeToString()
     header = {
         "format": "edgetorch.onnxruntime",
@@ -615,7 +654,7 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str]) -> tuple[bytes, 
         "intermediates": tables["intermediates"], "stats": tables["stats"], "debug_bytes": tables["debug_bytes"],
         "shapes": tables["shapes"], "dims": symbol_bounds(ep),
     }
-    blob = _blob.pack(header, model_bytes, external)
+    blob = _blob.pack(header, model_bytes, external, named, _named_min_bytes(specs))
     log.info("onnxruntime: partition of %d ops exported in %.2fs, packed in %.2fs (%d bytes, %d ONNX nodes)",
              sum(n.op == "call_function" for n in ep.graph.nodes), t1 - t0, time.perf_counter() - t1, len(blob),
              tables["stats"]["onnx_nodes"])
@@ -635,10 +674,15 @@ class OrtBackend(BackendDetails):
     @classmethod
     def preprocess(cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
         specs = compile_spec_dict(compile_specs)
-        blob, header = lower_partition(edge_program, specs)
+        named: dict[str, bytes] = {}
+        blob, header = lower_partition(edge_program, specs, named)
         dmap: dict[int | str, tuple[int, ...]] = {}
         for name, hs in header["nodes"].items():
             dmap[name] = tuple(hs)
         for name, hs in header["values"].items():
             dmap[name] = tuple(sorted(set(dmap.get(name, ())) | set(hs)))
-        return PreprocessResult(blob, dmap, debug_buffer_bytes=header["debug_bytes"])
+        store = NamedDataStore()
+        for key, data in named.items():
+            store.add_named_data(key, data)
+        return PreprocessResult(blob, dmap, debug_buffer_bytes=header["debug_bytes"],
+                                data_store_output=store if store.data else None)

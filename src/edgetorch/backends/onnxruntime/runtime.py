@@ -56,7 +56,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,13 @@ _DEFAULTS: dict[str, str] = {
     "profile_ops": "first",
     "observer_effect": "auto",
     "allow_spinning": "0",
+    # how sessions get the blob's weights: "copy" (add_external_initializers: ORT copies them per session) or
+    # "share" (SessionOptions.add_initializer over the program's memory; ORT needs the model to hold the data too,
+    # so a transient inline copy is made). "prepack": "0" disables ORT's weight prepacking (MatMulNBits then
+    # dequantizes per call). Chosen by measurement (docs/performance.md, llama_100m 8da4w): "copy" + prepacking
+    # holds the least resident memory and decodes fastest; "share" keeps 120 MiB more, prepack "0" is 33x slower.
+    "weights": "copy",
+    "prepack": "1",
 }
 _OVERRIDES: dict[str, str] = {}
 _LOCK = threading.Lock()
@@ -168,8 +175,9 @@ class OpEvent:
 class OrtDelegate:
     """One loaded delegate: its sessions, bindings and debug tables."""
 
-    def __init__(self, processed: memoryview | bytes, compile_specs: dict[str, bytes] | None = None) -> None:
-        unpacked = _blob.unpack(processed)
+    def __init__(self, processed: memoryview | bytes, compile_specs: dict[str, bytes] | None = None,
+                 named_data: Callable[[str], memoryview] | Mapping[str, bytes] | None = None) -> None:
+        unpacked = _blob.unpack(processed, named_data=named_data)
         self.header = unpacked.header
         self.options = _options(compile_specs or {})
         self._blob_ref = processed  # the weights below are views of it
@@ -239,17 +247,40 @@ class OrtDelegate:
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", self.options["allow_spinning"] if spin else "0")
+        if self.options["prepack"] == "0":
+            so.add_session_config_entry("session.disable_prepacking", "1")
         if weights and self._ortvalues:
             names = list(self._ortvalues)
-            so.add_external_initializers(names, [self._ortvalues[n] for n in names])
+            if self.options["weights"] == "copy":
+                so.add_external_initializers(names, [self._ortvalues[n] for n in names])
+            else:  # ORT keeps a pointer to the caller's buffer (the mapped program): no copy unless it prepacks
+                for n in names:
+                    so.add_initializer(n, self._ortvalues[n])
         if profile_prefix is not None:
             so.enable_profiling = True
             so.profile_file_prefix = profile_prefix
         return so
 
     def _make_session(self, model: bytes, profile_prefix: str | None = None, spin: bool = True) -> Any:
+        if self._ortvalues and self.options["weights"] == "share":
+            model = self._inline_weights(model)
         return ort.InferenceSession(model, self.session_options(profile_prefix, spin),
                                     providers=["CPUExecutionProvider"])
+
+    def _inline_weights(self, model: bytes) -> bytes:
+        """``model`` with its external initializers inline (a transient copy: ORT accepts ``add_initializer``
+        only for an initializer whose data the model holds, then uses the caller's buffer and drops the model's
+        copy once the session is built)."""
+        import onnx
+
+        proto = onnx.ModelProto()
+        proto.ParseFromString(model)
+        for t in proto.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL and t.name in self._arrays:
+                del t.external_data[:]
+                t.data_location = onnx.TensorProto.DEFAULT
+                t.raw_data = self._arrays[t.name].tobytes()
+        return proto.SerializeToString()
 
     def _exposing_model(self) -> bytes:
         """The exported model with every value in ``intermediates`` appended to its outputs (built once). Its
@@ -642,9 +673,11 @@ class OrtRuntime:
     """The ``onnxruntime`` entry of the runtime backend registry."""
 
     name = NAME
+    reads_named_data = True  # init gets the program's named_data lookup (weights shared across methods)
 
-    def init(self, processed: memoryview, compile_specs: dict[str, bytes]) -> OrtDelegate:
-        return OrtDelegate(processed, compile_specs)
+    def init(self, processed: memoryview, compile_specs: dict[str, bytes],
+             named_data: Callable[[str], memoryview] | None = None) -> OrtDelegate:
+        return OrtDelegate(processed, compile_specs, named_data)
 
     def observe(self, handle: OrtDelegate, tracer: Any) -> None:
         handle.prepare_traced(tracer)

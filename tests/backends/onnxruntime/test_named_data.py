@@ -1,0 +1,118 @@
+"""Named data on the onnxruntime backend: a program whose methods lower the same weights to ORT stores each
+weight once (``PreprocessResult.data_store_output``), its delegates read them from the program at load time, and
+a hostile named-data entry (range edited, hash re-encoded) is refused with a typed error naming the key."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from torch import nn
+
+from edgetorch.backends.onnxruntime import OrtPartitioner, _blob
+from edgetorch.errors import FormatError, ProgramFormatError
+from edgetorch.exir import to_edge
+from edgetorch.exir.backend import lowered_module_of
+from edgetorch.exir.config import EdgeCompileConfig
+from edgetorch.formats import program as pf
+from edgetorch.runtime import Runtime
+from tests.backends.onnxruntime._util import delegate_calls
+
+DIM = 192  # a 192x192 float weight is 147 KiB: above named_data_min_bytes (64 KiB)
+
+
+class TwoWay(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _program(model: nn.Module, specs: dict | None = None):
+    methods = {"prefill": torch.export.export(model, (torch.randn(8, DIM),)),
+               "decode": torch.export.export(model, (torch.randn(1, DIM),))}
+    edge = to_edge(methods, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    return edge.to_backend(OrtPartitioner(compile_specs=specs) if specs else OrtPartitioner()).to_executorch()
+
+
+@pytest.fixture(scope="module")
+def shared():
+    torch.manual_seed(0)
+    model = TwoWay().eval()
+    return model, _program(model), _program(model, {"named_data_min_bytes": b"-1"})
+
+
+def test_two_methods_store_each_weight_once(shared):
+    model, prog, inline = shared
+    defn = pf.decode_flatbuffer(prog.buffer[pf.HEADER_SIZE:])
+    big = [p for p in model.state_dict().values() if p.nbytes >= 65536]
+    assert len(defn.named_data) == len(big) == 2
+    assert sorted(size for _, _, size in defn.named_data) == sorted(p.nbytes for p in big)
+    keys = {hashlib.sha256(p.numpy().tobytes()).hexdigest() for p in big}
+    assert {k.removeprefix(_blob.NAMED_KEY_PREFIX) for k, _, _ in defn.named_data} == keys
+    unique = sum(p.nbytes for p in big)
+    # the inline program holds each big weight twice (once per method's blob), the shared one once
+    assert inline.size - prog.size >= unique - 2 * 4096
+    assert prog.size < unique * 1.2 + 64 * 1024
+    for name in ("prefill", "decode"):
+        ep = prog.exported_program(name)
+        for call in delegate_calls(ep):
+            blob = lowered_module_of(call, ep.graph_module).processed_bytes
+            assert len(blob) < 64 * 1024  # weights are not in the blob
+            with pytest.raises(_blob.OrtBlobError, match="named data"):
+                _blob.unpack(blob)
+
+
+@pytest.mark.parametrize("method,rows", [("prefill", 8), ("decode", 1)])
+def test_outputs_equal_eager_and_the_inline_program(shared, method, rows):
+    model, prog, inline = shared
+    x = torch.randn(rows, DIM)
+    want = model(x)
+    got = Runtime.get().load_program(prog.buffer).load_method(method).execute([x])[0]
+    ref = Runtime.get().load_program(inline.buffer).load_method(method).execute([x])[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got, ref)
+
+
+def _reencode(buf: bytes, edit) -> bytes:
+    header = pf.read_header(buf)
+    defn = pf.decode_flatbuffer(buf[header.flatbuffer_offset:header.flatbuffer_offset + header.flatbuffer_size])
+    edit(defn)
+    seg = memoryview(buf)[header.segment_offset:header.segment_offset + header.segment_size]
+    return b"".join(bytes(p) for p in pf.build_file_parts(defn, [seg]))
+
+
+@pytest.mark.parametrize("verification", ["Minimal", "InternalConsistency"])
+@pytest.mark.parametrize("edit", ["outside", "misaligned", "size"])
+def test_a_hostile_named_data_entry_is_refused(shared, edit, verification):
+    from edgetorch.runtime.program import Verification
+
+    _, prog, _ = shared
+
+    def change(defn):
+        key, off, size = defn.named_data[0]
+        new = {"outside": (key, off + (1 << 40), size), "misaligned": (key, off + 8, size),
+               "size": (key, off, size - 4)}[edit]
+        defn.named_data[0] = new
+
+    bad = _reencode(prog.buffer, change)
+    key = pf.decode_flatbuffer(bad[pf.HEADER_SIZE:]).named_data[0][0]
+    with pytest.raises(FormatError) as info:
+        p = Runtime.get().load_program(bad, verification=getattr(Verification, verification))
+        for m in ("prefill", "decode"):
+            p.load_method(m).execute([torch.randn(8 if m == "prefill" else 1, DIM)])
+    assert key in str(info.value) or "named_data[0]" in str(info.value)
+
+
+def test_a_key_the_program_lacks_is_named(shared):
+    _, prog, _ = shared
+
+    def drop(defn):
+        defn.named_data.pop(0)
+
+    bad = _reencode(prog.buffer, drop)
+    with pytest.raises(ProgramFormatError, match="no named data 'onnxruntime/sha256:"):
+        Runtime.get().load_program(bad).load_method("decode")
