@@ -16,6 +16,11 @@ recipe and calibrated on 4 samples:
 Usage: ``python bench/bench_planted_int8.py [--families mlp,small_cnn,...] [--sites 4] [--json out.json]``.
 Prints one line per case, one line per family (planted named first, fixes proven, re-exports used, clean model
 matched) and a summary (top-1 rate over planted cases, clean cases matched, fixes found).
+
+Measured (``--sites 8``, factor 2, 2026-11-26, 35 min on a shared 2-core machine): 7 models, 20 planted bad layers
+(mlp 3, small_cnn 3, transformer_encoder 3, vit_tiny 3, gpt2 8): planted layer named first 20/20, fix proven 20/20
+(at most 5 re-exports each, 63 in all); clean models 7/7; 27 plants left the error within the tolerance (mobilenet_v2
+8, bert 8, ...: not counted; 24 of them named first anyway).
 """
 
 from __future__ import annotations
