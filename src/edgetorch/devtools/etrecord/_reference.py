@@ -163,12 +163,26 @@ class _CallEncoder:
             self.root = saved
 
 
+def _flat(ep: Any) -> Any:
+    """``ep`` with its delegate calls inlined (the edge ops and debug handles of each partition in its place)."""
+    from edgetorch.errors import ExportError
+    from edgetorch.exir.backend.lowered import inline_lowered_modules
+
+    try:
+        return inline_lowered_modules(ep)
+    except ExportError as e:
+        raise UnsupportedValueError(str(e)) from None
+
+
 def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, str], Any]) -> dict[str, Any]:
     """The reference-graph document of an ATen ``ExportedProgram``; ``add_tensor(tensor, what)`` gives the
     JSON stored for each attribute tensor. Raises ``UnsupportedValueError`` for a program it cannot express
-    (non-operator targets, custom objects, tokens, submodules, arguments JSON cannot hold)."""
+    (non-operator targets, custom objects, tokens, submodules, arguments JSON cannot hold). A lowered program
+    is stored flat: each delegate call inlined (``inline_lowered_modules``), its partition's nodes and state
+    in its place."""
     from torch.export.graph_signature import InputKind, OutputKind
 
+    ep = _flat(ep)
     sig = ep.graph_signature
     traces, stacks = Table(), Table()
     attrs: list[dict[str, Any]] = []
@@ -360,10 +374,12 @@ def reference_from_program(ep: Any, method: str) -> torch.fx.GraphModule:
 # --- handle table ---------------------------------------------------------------------------------------------
 
 def encode_handles(ep: Any, method: str) -> dict[str, Any]:
-    """The handle-table document of an edge program: every op node with a debug handle (getitem skipped)."""
+    """The handle-table document of an edge program: every op node with a debug handle (getitem skipped); a
+    lowered program's partitions are inlined, so their edge ops are listed, not the delegate calls."""
     from edgetorch.exir.debug_handles import nodes_by_handle
     from edgetorch.exir.op_variants import is_view_op
 
+    ep = _flat(ep)
     traces, stacks = Table(), Table()
     rows: list[list[Any]] = []
     order = {n: i for i, n in enumerate(ep.graph.nodes)}

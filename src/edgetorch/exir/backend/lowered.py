@@ -15,15 +15,21 @@ export verifier accepts such a submodule by its class name and fields (``backend
 
 from __future__ import annotations
 
+import copy
+import operator
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch._higher_order_ops.executorch_call_delegate import executorch_call_delegate
 from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature
 
 from edgetorch.errors import ExportError
 from edgetorch.exir.debug_handles import nodes_by_handle
 
-__all__ = ["CALL_DELEGATE", "LOWERED_MODULE_PREFIX", "LoweredBackendModule", "attach_lowered_module",
-           "delegate_calls", "is_delegate_call", "lowered_module_of", "lowered_modules"]
+__all__ = ["CALL_DELEGATE", "LOWERED_MODULE_PREFIX", "InlinedProgram", "LoweredBackendModule", "attach_lowered_module",
+           "delegate_calls", "inline_lowered_modules", "is_delegate_call", "lowered_module_of", "lowered_modules"]
 
 #: the target of every delegate call node: ``CALL_DELEGATE(lowered_module, *inputs) -> tuple of outputs``
 CALL_DELEGATE = executorch_call_delegate
@@ -114,3 +120,125 @@ def attach_lowered_module(gm: torch.fx.GraphModule, lowered: LoweredBackendModul
     gm.add_module(name, lowered)
     lowered.module_name = name
     return name
+
+
+@dataclass(frozen=True)
+class InlinedProgram:
+    """A lowered program's flat edge graph (``inline_lowered_modules``), with the parts of an ``ExportedProgram``
+    a reader of its graph needs: the graph module, its signature (the partitions' state lifted as inputs), the
+    state dict and the constants. Not an ``ExportedProgram``: the partitions' fake tensors (``meta["val"]``)
+    come from other fake modes than the outer program's, which torch's constructor refuses."""
+
+    graph_module: torch.fx.GraphModule
+    graph_signature: ExportGraphSignature
+    state_dict: dict[str, torch.Tensor]
+    constants: dict[str, Any]
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        return self.graph_module.graph
+
+
+def _fresh_key(base: str, taken: set[str]) -> str:
+    key = base if base not in taken else next(f"{base}_{i}" for i in range(1, 10**9) if f"{base}_{i}" not in taken)
+    taken.add(key)
+    return key
+
+
+def _lift_state(call: torch.fx.Node, sub: ExportedProgram, graph: torch.fx.Graph, keys: set[str],
+                state: dict, consts: dict, lifted: list) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Maps the partition's placeholders: user inputs to the call's operands (outer nodes), parameters /
+    buffers / constants to new placeholders of ``graph`` whose tensors join ``state`` / ``consts`` (a fresh key
+    where the name is taken) and whose specs are appended to ``lifted``."""
+    from torch.export.graph_signature import InputKind, InputSpec, OutputKind, TensorArgument
+
+    phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    specs = sub.graph_signature.input_specs
+    operands = iter(call.args[1:])
+    if len(phs) != len(specs) or sum(s.kind == InputKind.USER_INPUT for s in specs) != len(call.args) - 1 or any(
+            s.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION)
+            for s in sub.graph_signature.output_specs):
+        raise ExportError(f"delegate call '{call.name}': its partition cannot be inlined (its inputs do not match "
+                          "the call's, or it mutates state)")
+    m: dict[torch.fx.Node, Any] = {}
+    for ph, spec in zip(phs, specs, strict=True):
+        if spec.kind == InputKind.USER_INPUT:
+            m[ph] = next(operands)
+            continue
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            raise ExportError(f"delegate call '{call.name}': input '{ph.name}' of kind {spec.kind.name} cannot be "
+                              "inlined")
+        in_state = spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent)
+        key = _fresh_key(str(spec.target), keys)
+        (state if in_state else consts)[key] = (sub.state_dict if in_state else sub.constants)[spec.target]
+        node = graph.node_copy(ph)  # a fresh name if the outer graph has it
+        node.target = node.name
+        m[ph] = node
+        lifted.append(InputSpec(spec.kind, TensorArgument(node.name), key, spec.persistent))
+    return m
+
+
+def _copy_partition(call: torch.fx.Node, sub: ExportedProgram, graph: torch.fx.Graph,
+                    inner: dict[torch.fx.Node, Any]) -> tuple:
+    """Copies the partition's op nodes into ``graph`` (``inner``: its placeholders' nodes there); returns the
+    nodes of its outputs."""
+    for s in sub.graph.nodes:
+        if s.op == "call_function":
+            inner[s] = graph.node_copy(s, lambda a: inner[a])
+        elif s.op == "output":
+            res = s.args[0] if isinstance(s.args[0], (list, tuple)) else (s.args[0],)
+            return tuple(inner[r] if isinstance(r, torch.fx.Node) else r for r in res)
+        elif s.op != "placeholder":
+            raise ExportError(f"delegate call '{call.name}': its partition holds a {s.op} node")
+    raise ExportError(f"delegate call '{call.name}': its partition has no output node")
+
+
+def inline_lowered_modules(ep: ExportedProgram) -> ExportedProgram | InlinedProgram:
+    """The flat edge graph of a lowered program: each delegate call replaced by the nodes of its lowered module's
+    ``original_module`` (their metadata, debug handles included, kept), the partition's user inputs mapped to
+    the call's operands, its parameters / buffers / constants lifted as inputs (the same tensors) and the
+    call's ``getitem`` users to the partition's outputs. ``ep`` itself when it holds no delegate call; ``ep``
+    is never modified. Raises ``ExportError`` naming a call whose partition cannot be inlined (it mutates
+    state, has a token or a submodule)."""
+    from torch.export.graph_signature import InputKind
+
+    calls = delegate_calls(ep)
+    if not calls:
+        return ep
+    sig = copy.deepcopy(ep.graph_signature)
+    state, consts = dict(ep.state_dict), dict(ep.constants)
+    keys = set(state) | set(consts)
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    outer_ph = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    n_state = next((i for i, s in enumerate(sig.input_specs) if s.kind == InputKind.USER_INPUT), len(outer_ph))
+    for n in outer_ph[:n_state]:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    lifted: list = []
+    subs = {c: lowered_module_of(c, ep.graph_module).original_module for c in calls}
+    # the partitions' state first: placeholders precede every other node, user inputs come last
+    inner_ph = {c: _lift_state(c, subs[c], graph, keys, state, consts, lifted) for c in calls}
+    for n in outer_ph[n_state:]:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    sig.input_specs[n_state:n_state] = lifted
+    lowered_attrs = {c.args[0] for c in calls}
+    for n in ep.graph.nodes:
+        if n.op == "placeholder" or (n in lowered_attrs and all(is_delegate_call(u) for u in n.users)):
+            continue
+        if is_delegate_call(n):
+            inner = {ph: env.get(a, a) if isinstance(a, torch.fx.Node) else a for ph, a in inner_ph[n].items()}
+            env[n] = _copy_partition(n, subs[n], graph, inner)
+        elif n.op == "call_function" and n.target is operator.getitem and is_delegate_call(n.args[0]):
+            env[n] = env[n.args[0]][n.args[1]]
+        else:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
+    for spec, value in zip(sig.output_specs, values, strict=False):  # outputs now named after inner nodes
+        if isinstance(value, torch.fx.Node) and isinstance(getattr(spec.arg, "name", None), str):
+            spec.arg.name = value.name
+    gm = torch.fx.GraphModule(ep.graph_module, graph)
+    for name in {str(a.target) for a in lowered_attrs}:
+        if hasattr(gm, name):
+            delattr(gm, name)
+    return InlinedProgram(gm, sig, state, consts)
