@@ -74,7 +74,8 @@ def train_successor(model: torch.nn.Module, hf: bool, steps: int, seq: int = 40,
         loss.backward()
         opt.step()
     net.eval()
-    _fresh_caches(model)
+    if not hf:  # a Hugging Face static cache's tensors are held by its StaticCache too: never replaced
+        _fresh_caches(model)
     for p in model.parameters():
         p.requires_grad_(False)
     return float(loss.detach())

@@ -144,3 +144,12 @@ def test_planted_layer_ranked_first_and_fix_restores_agreement():
     assert step.logits_sqnr_db > result.baseline.logits_sqnr_db
     assert lines[0].startswith("baseline:") and "re-export 1:" in lines[1]
     assert "(proven)" in result.summary() and PLANTED in result.summary()
+    # the float margin: an independent top-2 over the float logits
+    model.reset_cache()
+    with torch.no_grad():
+        from edgetorch.models.generation import greedy_generate_with_logits
+
+        rows = torch.stack(greedy_generate_with_logits(model.prefill, model.decode, prompt, TOKENS).step_logits)
+    top = rows.sort(-1, descending=True).values
+    want_margin = ((top[:, 0] - top[:, 1]) / rows.std(-1)).min()
+    assert result.float_margin[0] == pytest.approx(float(want_margin), rel=1e-4)

@@ -87,6 +87,9 @@ class GenerationFixResult:
     keep: str
     steps: list[GenerationStep] = field(default_factory=list)
     float_tokens: list[int] = field(default_factory=list)
+    #: the float model's smallest top-2 logit margin over the steps, in logit standard deviations, and its step:
+    #: a near tie (~0.05) flips under almost any rounding, whatever layers are kept
+    float_margin: tuple[float, int] = (math.inf, -1)
 
     @property
     def baseline(self) -> GenerationStep:
@@ -133,8 +136,10 @@ class GenerationFixResult:
         s = self.fix_step
         if s is None:
             last = self.steps[-1]
+            margin, at = self.float_margin
             return head + (f": no fix within the re-export budget (best {max(x.agreement for x in self.steps)}/"
-                           f"{b.tokens} tokens; last kept int8 {last.int8 or '-'}, float {last.float or '-'})")
+                           f"{b.tokens} tokens; last kept int8 {last.int8 or '-'}, float {last.float or '-'}; the "
+                           f"float model's own choice at step {at} leads by {margin:.3f} logit std)")
         kept = ([f"{', '.join(s.int8)} at int8"] if s.int8 else []) + ([f"{', '.join(s.float)} in float"]
                                                                         if s.float else [])
         return (f"{head}: keep {' and '.join(kept)} -> {s.agreement}/{s.tokens} tokens agree (proven), logits "
@@ -200,6 +205,15 @@ def _forced(prefill: Callable, decode: Callable, prompt: torch.Tensor, float_tok
             times.append(time.perf_counter() - t0)
         rows.append(out[0, -1].float())
     return torch.stack(rows)
+
+
+def _margin(logits: torch.Tensor) -> tuple[float, int]:
+    """The smallest top-2 margin of ``(steps, vocab)`` logits over their standard deviation, and its step."""
+    if logits.shape[-1] < 2:
+        return math.inf, -1
+    top = logits.double().topk(2, -1).values
+    margin = (top[:, 0] - top[:, 1]) / logits.double().std(-1).clamp_min(1e-30)
+    return float(margin.min()), int(margin.argmin())
 
 
 def _agreement(logits: torch.Tensor, float_tokens: list[int]) -> int:
@@ -331,7 +345,7 @@ def find_generation_fix(model: torch.nn.Module, prompt: torch.Tensor, recipe_typ
     model = model.eval()
     ref = _float_reference(model, prompt, tokens)
     name = str(getattr(recipe_type, "value", recipe_type))
-    result = GenerationFixResult(name, tokens, keep, [], list(ref[0]))
+    result = GenerationFixResult(name, tokens, keep, [], list(ref[0]), _margin(ref[1]))
     rank = max(1, min(tokens, rank_tokens))
     base = _step(model, prompt, ref, recipe_type, recipe_options, export_args, 0, [], [], rank=rank)
     result.steps.append(base)
