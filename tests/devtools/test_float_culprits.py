@@ -94,10 +94,10 @@ def test_inspect_prints_the_lost_layer_and_the_rows_set_apart(table):
         edited[col] = edited[col].astype(object)
         edited.at[row, col] = value
     console = Console(record=True, width=200)
-    _signal_lines(console, edited)
+    _signal_lines(console, find_culprits(edited))
     text = console.export_text()
     assert "the output is lost from last (" in text
     assert "1 row(s) without a float signal" in text and text.rstrip().endswith("bad")
     console = Console(record=True, width=200)
-    _signal_lines(console, df)
+    _signal_lines(console, find_culprits(df))
     assert console.export_text() == ""  # the clean table: nothing to add

@@ -68,20 +68,23 @@ def print_quant_table(console: Console, df: Any, title: str, rows: int, worst: s
 
 
 def print_worst_layers(console: Console, df: Any, ranked: Any, fgm: Any) -> None:
-    """One line per worst layer (lowest local SQNR first), with the module and the weight's own error."""
+    """One line per worst layer (``find_culprits``' order), with the module, the weight's own error and the
+    evidence."""
     samples = df.attrs.get("samples")
     if ranked is None or ranked.empty:
         console.print("no quantized op in the table: nothing to rank", highlight=False, markup=False)
         return
-    console.print(f"worst layers (lowest local SQNR: the error their own quantization adds; {samples} sample(s)):",
-                  highlight=False, markup=False)
+    console.print(f"worst layers (find_culprits: a layer whose own quantization is abnormal where the accumulated "
+                  f"SQNR drops, then the steepest drops; {samples} sample(s)):", highlight=False, markup=False)
     pos = {label: k for k, label in enumerate(df.index)}
     for rank, (label, row) in enumerate(ranked.iterrows(), 1):
         module = f" in {row.get('module')}" if row.get("module") else ""
         weight = db(row.get("weight_sqnr_db"))
         console.print(f"  {rank}. #{pos[label]} {ops_text(row['aot_ops'], 60)}{module}: local SQNR "
                       f"{db(row['local_sqnr_db'])} dB, accumulated {db(row['sqnr_db'])} dB"
-                      + (f", weight {weight} dB" if weight else ""), highlight=False, markup=False)
+                      + (f", weight {weight} dB" if weight else "")
+                      + (f" ({row.get('evidence')})" if isinstance(row.get("evidence"), str) else ""),
+                      highlight=False, markup=False)
     nodes, values = exclusions(ranked, fgm)
     options = ", ".join(f"{k}={v!r}" for k, v in (("quant_exclude_nodes", nodes),
                                                   ("quant_exclude_activations", values)) if v)

@@ -237,11 +237,8 @@ def _is_low_bit(inspector: Any) -> bool:
 def _float_table(inspector: Any, args: argparse.Namespace, method: str, console: Any, steps: Any) -> Any:
     """Computes and prints the per-layer table against the float model and its worst layers."""
     from edgetorch.cli._quant_table import print_output_impact, print_quant_table, print_worst_layers
-    from edgetorch.devtools.inspector.float_reference import (
-        float_graph,
-        rank_quantization_culprits,
-        with_output_impact,
-    )
+    from edgetorch.devtools.inspector.culprits import float_culprits
+    from edgetorch.devtools.inspector.float_reference import float_graph, with_output_impact
     from edgetorch.errors import EdgeTorchError
 
     try:
@@ -258,13 +255,13 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
         hint = ("; a low-bit (torchao recipe) generation is compared per token and layer with --float-model NAME "
                 "(the zoo model it was quantized from)") if "holds no float program" in str(e) else ""
         raise CliError(f"{e}{hint}") from None
-    ranked = rank_quantization_culprits(df, args.worst)
+    ranked = float_culprits(df, args.worst)  # find_culprits' answer on this table: the one the report gives
     pos = {label: k for k, label in enumerate(df.index)}
     print_quant_table(console, df, f"quantization error per float op of '{method}' against the float model, graph "
                       f"order ({df.attrs.get('samples')} sample(s); * worst)", args.rows,
                       {pos[i] for i in ranked.index})
     print_worst_layers(console, df, ranked, float_graph(inspector, method))
-    _signal_lines(console, df)
+    _signal_lines(console, ranked)
     if args.impact:
         print_output_impact(console, df, args.worst)
     if inspector.observer_effect is not None:  # a delegate's values came from its exposing session
@@ -272,12 +269,9 @@ def _float_table(inspector: Any, args: argparse.Namespace, method: str, console:
     return df
 
 
-def _signal_lines(console: Any, df: Any) -> None:
-    """What ``find_culprits`` on the float table adds: where the output is lost, and the rows without a float
-    signal that the ranking sets apart."""
-    from edgetorch.devtools.inspector.culprits import float_culprits
-
-    found = float_culprits(df)
+def _signal_lines(console: Any, found: Any) -> None:
+    """What ``find_culprits`` on the float table adds (``found``: its answer): where the output is lost, and the
+    rows without a float signal that the ranking sets apart."""
     if found.attrs.get("lost_from"):
         console.print(f"the output is lost from {found.attrs['lost_from']} on (accumulated SQNR <= 0 dB)",
                       highlight=False, markup=False)
