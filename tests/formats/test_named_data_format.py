@@ -59,3 +59,17 @@ def test_the_lookup_checks_bounds_even_with_minimal_verification(bad):
     with pytest.raises(ProgramFormatError, match="named data 'a' range") as e:
         loaded.named_data("a")
     assert e.value.field == "named_data['a']"
+
+
+def test_released_named_data_reads_back_the_same_bytes_from_the_file(tmp_path):
+    from edgetorch.runtime.loader import read_data
+
+    data = bytes(range(256)) * 64  # 16 KiB: whole pages inside
+    path = tmp_path / "p.pte"
+    path.write_bytes(_file([("w", data)]))
+    loaded = parse(*read_data(str(path)), consistency=True)
+    assert bytes(loaded.named_data("w")) == data
+    assert loaded.release_named_data("w") > 0
+    assert bytes(loaded.named_data("w")) == data  # paged back in from the file
+    in_memory = parse(path.read_bytes(), None, consistency=True)
+    assert in_memory.release_named_data("w") == 0 and bytes(in_memory.named_data("w")) == data

@@ -54,6 +54,22 @@ class LoadedFile:
         base = self.segment_base + off
         return memoryview(self.buffer)[base:base + size].toreadonly()
 
+    def release_named_data(self, key: str) -> int:
+        """Tells the OS that the pages of named data ``key`` are not needed now (a backend that copied them at
+        init calls it): a program mapped from a file (private, never written there) drops them from resident
+        memory and reads them back from the file if they are touched again. Programs in memory (bytes) keep
+        them. Returns the bytes released."""
+        view = self.named_data(key)
+        if not isinstance(self.buffer, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        start = self.segment_base + dict((k, o) for k, o, _ in self.program.named_data)[key]
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + view.nbytes) // page * page
+        if hi <= lo:
+            return 0
+        self.buffer.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return hi - lo
+
 
 def read_data(data: Any) -> tuple[Any, str | None]:
     """Returns (buffer, path) for a path, bytes-like object or binary file object."""

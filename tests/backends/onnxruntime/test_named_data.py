@@ -116,3 +116,13 @@ def test_a_key_the_program_lacks_is_named(shared):
     bad = _reencode(prog.buffer, drop)
     with pytest.raises(ProgramFormatError, match="no named data 'onnxruntime/sha256:"):
         Runtime.get().load_program(bad).load_method("decode")
+
+
+def test_a_mapped_program_releases_the_copied_weights_and_still_runs(shared, tmp_path):
+    model, prog, _ = shared
+    path = tmp_path / "shared.pte"
+    path.write_bytes(prog.buffer)
+    loaded = Runtime.get().load_program(str(path))
+    for method, rows in (("prefill", 8), ("decode", 1)):
+        x = torch.randn(rows, DIM)
+        torch.testing.assert_close(loaded.load_method(method).execute([x])[0], model(x), rtol=1e-4, atol=1e-4)

@@ -204,6 +204,11 @@ class OrtDelegate:
         except Exception as e:
             raise _blob.OrtBlobError(f"ONNX Runtime rejected the model: {type(e).__name__}: {e}",
                                      field="model") from e
+        if self.options["weights"] == "copy":  # ORT holds its own copy now: the program's pages may go
+            release = getattr(getattr(named_data, "__self__", None), "release_named_data", None)
+            for e in self.header["initializers"] if release is not None else ():
+                if "key" in e:
+                    release(e["key"])
         self._binding: _Binding | None = None
         self._binding_key: tuple = ()
         self._debug_session: Any = None
