@@ -115,3 +115,8 @@ def test_planted_gpt2_conv1d_is_named_first_on_the_int8_program() -> None:
     lowest = min((v, ops) for v, ops, q in zip(df["local_sqnr_db"], df["aot_ops"], df["quantized"])
                  if q and math.isfinite(v))
     assert lowest[1] != ["addmm_1"]  # GELU's x**3 term has the lowest local SQNR: not the answer
+    # the Conv1D rows carry their weight's own error (addmm's weight is argument 2, (in, out)): the planted one's
+    # per-tensor scale is 60x too coarse, so its weight SQNR is far below the clean Conv1D's
+    w_sqnr = {ops[0]: v for ops, v in zip(df["aot_ops"], df["weight_sqnr_db"]) if ops[0] in ("addmm", "addmm_1")}
+    assert all(v is not None and math.isfinite(v) for v in w_sqnr.values()) and len(w_sqnr) == 2, w_sqnr
+    assert w_sqnr["addmm_1"] < w_sqnr["addmm"] - 20, w_sqnr

@@ -15,7 +15,7 @@ import torch.fx
 
 from edgetorch.devtools.inspector.numeric_gap import RuntimeEntry
 from edgetorch.exir.debug_handles import get_debug_handle
-from edgetorch.exir.quant_annotations import float_handle
+from edgetorch.exir.quant_annotations import float_handle, weight_arg
 from edgetorch.formats.handles import DELEGATE_CALL
 
 __all__ = ["Group", "Logged", "Read", "RowPlan", "Source", "const_eval", "edge_last", "float_ends", "float_weight",
@@ -264,7 +264,8 @@ def float_ends(fgm: torch.fx.GraphModule, groups: dict[int, Group]) -> dict[int,
 def float_weight(fgm: torch.fx.GraphModule, chain: list[torch.fx.Node]) -> torch.Tensor | None:
     """The float weight of the op heading ``chain``, a batch norm folded into it applied per output channel."""
     head = chain[0]
-    w = head.args[1] if len(head.args) > 1 else None
+    idx = weight_arg(head) or 1  # addmm (HF Conv1D): its (in, out) weight is argument 2
+    w = head.args[idx] if len(head.args) > idx else None
     if not isinstance(w, torch.fx.Node) or w.op != "get_attr":
         return None
     weight = const_eval(fgm, w).detach()
