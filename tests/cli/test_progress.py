@@ -91,3 +91,23 @@ def test_a_failing_listener_is_dropped_not_the_step() -> None:
         _progress.note("one")
         _progress.note("two")
     assert calls == ["one"]
+
+
+def test_lowering_and_emission_announce_their_steps() -> None:
+    """The compiler's long steps announce themselves (what the CLI's Steps shows inside `to_edge_transform_and_lower`
+    and `to_executorch`): decomposition, partitioning, each partition's re-export and preprocess, emission."""
+    from edgetorch import _progress
+    from edgetorch.backends.onnxruntime import OrtPartitioner
+    from edgetorch.exir import to_edge_transform_and_lower
+    from edgetorch.models import get_model
+
+    model, inputs = get_model("mlp")
+    notes: list[str] = []
+    with _progress.listening(notes.append):
+        epm = to_edge_transform_and_lower(torch.export.export(model, inputs), partitioner=[OrtPartitioner()])
+        epm.to_executorch()
+    assert notes[0].startswith("'forward': decomposing to core ATen (")
+    assert "'forward': partitioning (OrtPartitioner)" in notes
+    i = next(k for k, n in enumerate(notes) if n.startswith("'forward': partition 1/1 ("))
+    assert notes[i].endswith("to onnxruntime: re-export") and notes[i + 1].endswith("to onnxruntime: preprocess")
+    assert notes[-1] == "'forward': planning memory and emitting"

@@ -20,6 +20,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgetorch import _hooks
+from edgetorch import _progress as progress
 from edgetorch._fileio import atomic_write
 from edgetorch.errors import EdgeTorchError, ETRecordError, ExportError, MemoryPlanError
 from edgetorch.exir.clone import sync_signature_names
@@ -71,6 +72,7 @@ def _to_edge_one(aten: ExportedProgram, name: str, config: EdgeCompileConfig) ->
     t0 = time.perf_counter()
     sync_signature_names(aten.graph_signature, aten.graph)  # a deepcopied program: `input` became `input_1`
     assign_debug_handles(aten)
+    progress.note(f"'{name}': decomposing to core ATen ({len(aten.graph.nodes)} nodes)")
     edge = aten.run_decompositions(_decomposition_table(config))
     _remove_asserts(edge)
     fill_missing_debug_handles(edge.graph_module)
@@ -262,6 +264,7 @@ class ExecutorchProgramManager:
         for name in sorted(edge.methods):
             ep = edge.exported_program(name)
             sync_signature_names(ep.graph_signature, ep.graph)
+            progress.note(f"'{name}': planning memory and emitting")
             self._emitted[name] = emit_method(ep, name, consts, delegates, config.planning_alignment,
                                               config.emit_stacktrace, config.planning_algorithm)
             if config.memory_planning_pass is not None and not config.memory_planning_pass.alloc_graph_input:

@@ -20,6 +20,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, legalize_graph, validate_partition
 
+from edgetorch import _progress as progress
 from edgetorch.errors import ExportError
 from edgetorch.exir.backend.backend_details import get_backend_details, named_data_of
 from edgetorch.exir.backend.lowered import CALL_DELEGATE, LoweredBackendModule, attach_lowered_module
@@ -230,6 +231,7 @@ def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: st
     signature pruning."""
     t0 = time.perf_counter()
     work = clone_program(ep)
+    progress.note(f"'{method}': partitioning ({type(partitioner).__name__})")
     result = partitioner.partition(work)
     tagged = result.tagged_exported_program
     gm = tagged.graph_module
@@ -241,7 +243,10 @@ def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: st
         spec = result.partition_tags[tag]
         inside = _close_partition(gm, nodes, tag, method)
         nodes = list(inside)
+        where = f"'{method}': partition {i + 1}/{len(groups)} ({len(nodes)} ops) to {spec.backend_id}"
+        progress.note(f"{where}: re-export")
         sub_ep, act_inputs, outputs = _partition_program(tagged, nodes, f"{spec.backend_id}_{i}")  # step 2
+        progress.note(f"{where}: preprocess")
         lowered = _preprocess(spec, sub_ep, outputs, tag, len(nodes))
         top += 1
         _splice(gm, inside, act_inputs, outputs, lowered, top, f"lowered_{spec.backend_id}_{i}")
