@@ -225,6 +225,18 @@ def _prune_signature(tagged: ExportedProgram, gm: torch.fx.GraphModule) -> tuple
     return ExportGraphSignature(keep_specs, out_specs), state_dict, constants
 
 
+def _output_last(gm: torch.fx.GraphModule) -> None:
+    """Moves the nodes ``legalize_graph`` placed after the output (ops without users, e.g. a mask a Hugging Face
+    MoE block computes and never reads) back before it: torch's verifier wants the output last."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    after, n = [], out.next
+    while n.op != "root":
+        after.append(n)
+        n = n.next
+    for n in after:
+        out.prepend(n)
+
+
 def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: str = "forward") -> ExportedProgram:
     """Lowers the partitions ``partitioner`` tags; returns a new program with delegate calls. Steps: grouping,
     re-export of each partition, preprocess, splice of its delegate call with a fresh debug handle, then
@@ -251,6 +263,7 @@ def to_backend_program(ep: ExportedProgram, partitioner: Partitioner, method: st
         top += 1
         _splice(gm, inside, act_inputs, outputs, lowered, top, f"lowered_{spec.backend_id}_{i}")
     legalize_graph(gm)
+    _output_last(gm)
     new_sig, state_dict, constants = _prune_signature(tagged, gm)
     lowered_ep = clone_program(tagged, gm, new_sig, state_dict, constants)
     log.info("to_backend(%s): %d partitions in %.2fs", method, len(groups), time.perf_counter() - t0)
