@@ -54,7 +54,8 @@ from edgetorch.errors import InspectorError, RecipeError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GenerationFixResult", "GenerationStep", "find_generation_fix", "llm_export_args", "measure_program"]
+__all__ = ["GenerationFixResult", "GenerationStep", "find_generation_fix", "llm_export_args", "measure_program",
+           "rank_layers"]
 
 
 @dataclass
