@@ -39,3 +39,20 @@ def paths(name: str) -> dict[str, str]:
     """The Inspector's arguments for the clean reference run ``name``."""
     return {"etdump_path": str(DATA / f"{name}.etdp"), "etrecord": str(DATA / f"{name}_etrecord.bin"),
             "debug_buffer_path": str(debug_buffer(name))}
+
+
+def assert_reference_rows(ins, ref: dict, name: str) -> None:  # noqa: ANN001 - an Inspector
+    """Every row of the reference Inspector's MSE and L1 tables (``ref``: a ``<name>_gaps.json``) is in ``ins``'s
+    table, gap within 1e-6 relative, and the clean program has no culprit."""
+    import pytest
+
+    for metric in ("MSE", "L1"):
+        df = ins.calculate_numeric_gap(metric)
+        ours = {tuple(sorted(set(h))): g for h, g in zip(df["aot_debug_handle"], df["gap"])}
+        assert ref["gaps"][metric], name
+        for row in ref["gaps"][metric]:
+            key = tuple(sorted(set(row["aot_debug_handle"])))
+            assert key in ours, (name, metric, key, sorted(ours))
+            assert ours[key][0] == pytest.approx(row["gap"][0], rel=1e-6, abs=0), (name, metric, key)
+        if metric == "MSE":
+            assert len(ins.find_culprits(df)) == 0, name

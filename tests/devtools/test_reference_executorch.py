@@ -16,7 +16,7 @@ from edgetorch.devtools.etrecord import parse_etrecord
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL
-from tests.devtools._reference_data import DATA, FAULTS, debug_buffer, unpack
+from tests.devtools._reference_data import DATA, FAULTS, assert_reference_rows, debug_buffer, unpack
 
 NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "cnn_int8") for b in ("portable", "xnnpack")]
 NAMES += ["vit_portable", "vit2h_xnnpack"]  # vit2h: two heads, an unbind XNNPACK splits, a dim-order clone
@@ -57,16 +57,7 @@ def test_every_reference_gap_row_is_present_and_equal(name):
     a clean program has no culprit."""
     ins = Inspector(**_paths(name))
     ref = _reference(name)
-    for metric in ("MSE", "L1"):
-        df = ins.calculate_numeric_gap(metric)
-        ours = {tuple(sorted(set(h))): g for h, g in zip(df["aot_debug_handle"], df["gap"])}
-        assert ref["gaps"][metric], name
-        for row in ref["gaps"][metric]:
-            key = tuple(sorted(set(row["aot_debug_handle"])))
-            assert key in ours, (name, metric, key, sorted(ours))
-            assert ours[key][0] == pytest.approx(row["gap"][0], rel=1e-6, abs=0), (name, metric, key)
-        if metric == "MSE":
-            assert len(ins.find_culprits(df)) == 0, name
+    assert_reference_rows(ins, ref, name)
 
 
 def test_events_match_the_reference_inspector(inspected):

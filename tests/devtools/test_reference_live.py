@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from edgetorch.devtools import Inspector
+from tests.devtools._reference_data import assert_reference_rows
 
 SCRIPT = Path(__file__).resolve().parents[1] / "data" / "reference" / "make_reference_artifacts.py"
 NAMES = [f"{m}_{b}" for m in ("mlp", "cnn") for b in ("portable", "xnnpack")]
@@ -56,16 +57,7 @@ def test_live_reference_rows_are_present_and_equal(live: Path, name: str) -> Non
     ins = Inspector(etdump_path=live / f"{name}.etdp", etrecord=live / f"{name}_etrecord.bin",
                     debug_buffer_path=live / f"{name}_debug.bin")
     ref = json.loads((live / f"{name}_gaps.json").read_text())
-    for metric in ("MSE", "L1"):
-        df = ins.calculate_numeric_gap(metric)
-        ours = {tuple(sorted(set(h))): g for h, g in zip(df["aot_debug_handle"], df["gap"])}
-        assert ref["gaps"][metric], name
-        for row in ref["gaps"][metric]:
-            key = tuple(sorted(set(row["aot_debug_handle"])))
-            assert key in ours, (name, metric, key, sorted(ours))
-            assert ours[key][0] == pytest.approx(row["gap"][0], rel=1e-6, abs=0), (name, metric, key)
-        if metric == "MSE":
-            assert len(ins.find_culprits(df)) == 0, name
+    assert_reference_rows(ins, ref, name)
 
 
 @pytest.mark.parametrize("name", NAMES)
