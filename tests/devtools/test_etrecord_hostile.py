@@ -3,11 +3,8 @@ an added ``aten::from_file`` node is refused with a typed error naming it, and n
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import warnings
-import zipfile
 
 import pytest
 import torch
@@ -17,7 +14,7 @@ from edgetorch.devtools.etrecord import parse_etrecord
 from edgetorch.devtools.etrecord._reference import resolve_target
 from edgetorch.errors import EdgeTorchError, ETRecordFormatError
 from edgetorch.runtime import ops as runtime_ops
-from tests.fuzz.fuzzlib import build_artifacts, reseal_etrecord
+from tests.fuzz.fuzzlib import build_artifacts, edit_etrecord_json
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +23,7 @@ def artifacts(tmp_path_factory):
 
 
 def _edit_reference(data: bytes, entry: str, edit) -> bytes:
-    zin = zipfile.ZipFile(io.BytesIO(data))
-    doc = json.loads(zin.read(entry))
-    edit(doc)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zout:
-        for info in zin.infolist():
-            zout.writestr(info, json.dumps(doc).encode() if info.filename == entry else zin.read(info))
-    return reseal_etrecord(buf.getvalue())  # the manifest matches: only the graph checks can refuse it
+    return edit_etrecord_json(data, entry, edit)  # the manifest matches: only the graph checks can refuse it
 
 
 def _add_file_write(victim: str, n: int):

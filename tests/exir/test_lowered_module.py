@@ -109,17 +109,11 @@ def _edit_index(data: bytes, key: str, edit) -> bytes:
     import json
     import zipfile
 
-    from tests.fuzz.fuzzlib import reseal_etrecord
+    from tests.fuzz.fuzzlib import edit_etrecord_json
 
     zin = zipfile.ZipFile(io.BytesIO(data))
     entry = f"programs/{json.loads(zin.read('programs.json'))['graph_map'][key]}/tensors.json"
-    doc = json.loads(zin.read(entry))
-    edit(doc)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zout:
-        for info in zin.infolist():
-            zout.writestr(info, json.dumps(doc).encode() if info.filename == entry else zin.read(info))
-    return reseal_etrecord(buf.getvalue())
+    return edit_etrecord_json(data, entry, edit)
 
 
 @pytest.mark.parametrize(("edit", "message"), [
