@@ -157,3 +157,52 @@ def test_read_etdump_errors_name_the_file(tmp_path):
     with pytest.raises(ETDumpFormatError, match="bad.etdp") as ei:
         read_etdump(bad)
     assert ei.value.path == str(bad)
+
+
+def _mapped_rss_kib(path) -> int | None:
+    """Resident KiB of this process's mappings of ``path`` (Linux ``/proc/self/smaps``), None elsewhere."""
+    try:
+        lines = open("/proc/self/smaps", encoding="utf-8").read().splitlines()
+    except OSError:
+        return None
+    total, inside = 0, False
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+            inside = len(head) >= 6 and head[-1] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+def test_crc_check_reads_the_file_in_chunks_not_through_the_mapping(recorded, monkeypatch):
+    import edgetorch.devtools.etdump.debug_buffer as dbm
+    d, _, _, _ = recorded
+    etdump = read_etdump(d / "run.etdp")
+    monkeypatch.setattr(dbm, "_CRC_CHUNK", 7)  # many chunks, the last one partial
+    buf = DebugBuffer(d / "run.bin")
+    import zlib
+    assert buf._crc32(buf.size) == zlib.crc32((d / "run.bin").read_bytes()[:buf.size])
+    buf.check_identity(etdump)  # the chunked CRC agrees with the trailer's
+    buf.close()
+
+
+def test_checking_and_releasing_a_large_buffer_keeps_its_pages_out_of_this_process(tmp_path):
+    import mmap
+    import zlib
+    size = 32 << 20
+    data = bytes(range(256)) * (size // 256)
+    p = tmp_path / "big.bin"
+    p.write_bytes(data)
+    buf = DebugBuffer(p)
+    if _mapped_rss_kib(p) is None or not hasattr(mmap, "MADV_DONTNEED"):
+        pytest.skip("needs Linux /proc/self/smaps and madvise")
+    assert buf._crc32(size) == zlib.crc32(data)
+    assert _mapped_rss_kib(p) < 4096  # the CRC did not fault the 32 MiB mapping in (the trailer read may)
+    t = buf.tensor(ed.Tensor(scalar_type=DTYPE_TO_CODE[torch.uint8], sizes=[size], strides=[], offset=0,
+                             nbytes=size))
+    want = int(t.sum())
+    assert _mapped_rss_kib(p) >= 30 << 10  # summing touched every page
+    buf.release_pages()
+    assert _mapped_rss_kib(p) < 4096
+    assert int(t.sum()) == want == sum(range(256)) * (size // 256)  # read back from the file, same bytes

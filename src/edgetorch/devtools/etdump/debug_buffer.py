@@ -23,6 +23,8 @@ from edgetorch.formats.etdump_executorch import read_any_etdump
 
 __all__ = ["read_etdump", "DebugBuffer"]
 
+_CRC_CHUNK = 8 << 20  # bytes read at a time to check a mapped buffer's CRC
+
 
 def read_etdump(path: str | os.PathLike) -> ed.ETDump:
     """Reads and decodes an .etdp file (``ETDumpFormatError`` if it is malformed)."""
@@ -147,12 +149,45 @@ class DebugBuffer:
             raise ArtifactMismatchError(f"{where} holds {t.data_bytes} bytes of data, the ETDump was written with "
                                         f"{etdump.debug_buffer_bytes}: the buffer and ETDump were written at "
                                         "different times")
-        crc = zlib.crc32(memoryview(self._buf)[:t.data_bytes])
+        crc = self._crc32(t.data_bytes)
         if crc != t.crc32 or etdump.debug_buffer_crc32 not in (-1, crc):
             raise self._fail(f"the data does not match its CRC-32 (trailer {t.crc32:08x}, ETDump "
                              f"{etdump.debug_buffer_crc32 & 0xFFFFFFFF:08x}, data {crc:08x}): the file is corrupted",
                              "debug_buffer_crc32")
         self._verified = etdump.run_id
+
+    def _crc32(self, nbytes: int) -> int:
+        """CRC-32 of the first ``nbytes`` bytes. A mapped file is read in chunks through the page cache, not
+        through the mapping: checking a 1 GiB buffer must not make 1 GiB of it resident in this process."""
+        if self._mmap is None or self.path is None:
+            return zlib.crc32(memoryview(self._buf)[:nbytes])
+        crc, chunk = 0, bytearray(_CRC_CHUNK)
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                left = nbytes
+                while left > 0:
+                    n = f.readinto(memoryview(chunk)[:min(left, _CRC_CHUNK)])
+                    if not n:
+                        break  # shorter than the trailer says: the CRC will not match
+                    crc = zlib.crc32(memoryview(chunk)[:n], crc)
+                    left -= n
+        except OSError as e:
+            raise artifact_io_error(e, "debug buffer file", str(self.path)) from None
+        return crc
+
+    def release_pages(self, start: int = 0, end: int | None = None) -> None:
+        """Lets the kernel drop this process's pages of bytes ``[start, end)`` of a mapped buffer (whole pages
+        inside the range only). Tensors handed out stay valid: their bytes are read back from the file when next
+        touched, so a long analysis that visits a large buffer once, call by call, holds one call's values at a
+        time rather than the whole buffer. (A tensor changed in place would lose its changes; the Inspector
+        never changes logged values.) A no-op for a buffer given as bytes."""
+        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        end = self.size if end is None else min(end, self.size)
+        first = -(-max(start, 0) // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = end // mmap.PAGESIZE * mmap.PAGESIZE if end < len(self._mmap) else len(self._mmap)
+        if last > first:
+            self._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)
 
     def check(self, etdump: ed.ETDump) -> None:
         """Checks that this buffer was written with ``etdump`` (``check_identity``), is at least as long as the
