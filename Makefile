@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(PY) -m edgetorch demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
