@@ -8,6 +8,7 @@ import torch
 
 from edgetorch.errors import ExportError, MemoryPlanError
 from edgetorch.exir.memory_planning import ALGORITHMS, MemoryPlanningPass
+from edgetorch.exir.symbolic import ConstraintBasedSymShapeEvalPass, SymShapeEvalPass
 from edgetorch.formats.alignment import ALIGNMENT
 
 __all__ = ["DEFAULT_PRESERVED_OPS", "EdgeCompileConfig", "ExecutorchBackendConfig"]
@@ -61,6 +62,11 @@ class ExecutorchBackendConfig:
     keys the state by it); False is refused (``ExportError``).
     ``to_out_var_pass``: only None: the emitter picks each op's out variant itself; a pass given here could not
     run and is refused (``ExportError``).
+    ``sym_shape_eval_pass``: where a dynamic shape's planned size comes from: ``ConstraintBasedSymShapeEvalPass()``
+    (the default: each ``Dim``'s max; every size the constraints allow runs) or ``HintBasedSymShapeEvalPass()``
+    (the example inputs' sizes: a smaller arena, and the runtime refuses a dim above the example's), both from
+    ``exir.passes.sym_shape_eval_pass``; or a dict method name -> one of them (a method not named gets the
+    default). Anything else is refused (``ExportError`` naming the field).
     """
 
     alignment: int = 64
@@ -71,6 +77,7 @@ class ExecutorchBackendConfig:
     passes: list = field(default_factory=list)
     emit_mutable_buffer_names: bool = True
     to_out_var_pass: object = None
+    sym_shape_eval_pass: SymShapeEvalPass | dict = field(default_factory=ConstraintBasedSymShapeEvalPass)
 
     def __post_init__(self) -> None:
         if self.memory_planning_algo not in ALGORITHMS:
@@ -90,9 +97,15 @@ class ExecutorchBackendConfig:
         if self.to_out_var_pass is not None:
             raise ExportError("ExecutorchBackendConfig.to_out_var_pass: edgetorch's emitter picks each op's out "
                               "variant itself, so this pass would never run; leave it None")
+        _check_sym_shape_eval_pass(self.sym_shape_eval_pass)
         if not isinstance(self.passes, (list, tuple)) or not all(callable(p) for p in self.passes):
             raise ExportError("ExecutorchBackendConfig.passes must be a list of graph passes (callables taking a "
                               "torch.fx.GraphModule)")
+
+    def sym_shape_eval_for(self, method: str) -> SymShapeEvalPass:
+        """The ``sym_shape_eval_pass`` that bounds ``method``'s dynamic shapes."""
+        p = self.sym_shape_eval_pass
+        return p.get(method, ConstraintBasedSymShapeEvalPass()) if isinstance(p, dict) else p
 
     @property
     def planning_algorithm(self) -> str:
@@ -110,3 +123,17 @@ class ExecutorchBackendConfig:
     def shares_mutable_buffers(self) -> bool:
         """Whether the methods share their mutable buffers (True without a memory planning pass)."""
         return self.memory_planning_pass is None or self.memory_planning_pass.share_mutable_buffers
+
+
+def _check_sym_shape_eval_pass(p: object) -> None:
+    items = p.items() if isinstance(p, dict) else [(None, p)]
+    for method, one in items:
+        if method is not None and not isinstance(method, str):
+            raise ExportError(f"ExecutorchBackendConfig.sym_shape_eval_pass: a dict's keys are method names, got "
+                              f"{method!r}")
+        if not isinstance(one, SymShapeEvalPass):
+            where = "" if method is None else f"[{method!r}]"
+            hint = " (an instance, not the class)" if isinstance(one, type) else ""
+            raise ExportError(f"ExecutorchBackendConfig.sym_shape_eval_pass{where}: {one!r} is not one edgetorch "
+                              "plans with: ConstraintBasedSymShapeEvalPass() or HintBasedSymShapeEvalPass() from "
+                              f"edgetorch.exir.passes.sym_shape_eval_pass{hint}, or a dict method name -> one")

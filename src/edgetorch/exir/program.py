@@ -265,7 +265,8 @@ class ExecutorchProgramManager:
             ep = edge.exported_program(name)
             sync_signature_names(ep.graph_signature, ep.graph)
             progress.note(f"'{name}': planning memory and emitting")
-            self._emitted[name] = emit_method(ep, name, consts, delegates, config.planning_alignment,
+            bounded = config.sym_shape_eval_for(name).bound_program(ep, name)  # sym_shape_eval_pass
+            self._emitted[name] = emit_method(bounded, name, consts, delegates, config.planning_alignment,
                                               config.emit_stacktrace, config.planning_algorithm)
             if config.memory_planning_pass is not None and not config.memory_planning_pass.alloc_graph_input:
                 self._unplan_inputs(ep, self._emitted[name], config)

@@ -3,23 +3,29 @@ each is read from the inputs, and sympy size expressions turned into the .pte ex
 (``formats.symexpr``).
 
 Memory is planned at the upper bounds: a dim without a finite max is refused here, naming the input and dim.
+Where the upper bounds come from is ``ExecutorchBackendConfig.sym_shape_eval_pass``'s choice: the export
+constraints (``ConstraintBasedSymShapeEvalPass``, the default) or the example inputs' sizes
+(``HintBasedSymShapeEvalPass``).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import sympy
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from edgetorch.errors import ExportError, UnsupportedOpError
 from edgetorch.formats import program as pf
 from edgetorch.formats import symexpr
 from edgetorch.formats.dtypes import storage_nbytes
 
-__all__ = ["SymbolTable", "symbol_table", "is_dynamic_tensor", "sym_tensor_def"]
+__all__ = ["SymbolTable", "symbol_table", "is_dynamic_tensor", "sym_tensor_def", "SymShapeEvalPass",
+           "ConstraintBasedSymShapeEvalPass", "HintBasedSymShapeEvalPass"]
 
 _MAX_BOUND = 1 << 40  # a "max" this large is no bound at all for planning
 
@@ -148,3 +154,67 @@ def sym_tensor_def(table: SymbolTable, v: torch.Tensor, what: str, dtype_code: i
     text = symexpr.dumps({"sizes": sizes, "strides": strides, "offset": off})
     return pf.TensorDef(dtype_code, [table.bounds(e) for e in sizes], [table.bounds(e) for e in strides],
                         table.bounds(off), pf.PLACEMENT_PLANNED, nbytes, sym_shape=text)
+
+
+def _input_dims(ep: ExportedProgram):
+    """``(placeholder name, dim or -1, SymInt)`` for every user-input size that is a plain symbol."""
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or specs[node.name].kind != InputKind.USER_INPUT:
+            continue
+        val = node.meta.get("val")
+        dims = list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [(-1, val)]
+        for d, size in dims:
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                yield node.name, d, size
+
+
+class SymShapeEvalPass:
+    """How ``to_executorch`` bounds a method's dynamic sizes for memory planning
+    (``ExecutorchBackendConfig.sym_shape_eval_pass``). ``bound_program(ep, method)`` returns the program whose
+    ``range_constraints`` the planner reads (``symbol_table``): every tensor is planned at the largest size those
+    ranges allow, and the runtime refuses an input dim outside its symbol's range (naming the input and dim).
+
+    Not a graph pass: ``to_executorch`` applies it (calling it raises ``ExportError``)."""
+
+    def bound_program(self, ep: ExportedProgram, method: str) -> ExportedProgram:
+        return ep
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        raise ExportError(f"{type(self).__name__} is not a graph pass in edgetorch: give it to "
+                          "to_executorch(ExecutorchBackendConfig(sym_shape_eval_pass=...)), which plans with it")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class ConstraintBasedSymShapeEvalPass(SymShapeEvalPass):
+    """Plans each dynamic tensor at the upper bounds of the export constraints (each ``torch.export.Dim``'s
+    ``max``): the program runs every size the constraints allow. A dynamic input dim without a finite ``max`` is
+    refused (``ExportError`` naming the input and dim). edgetorch's default, as the reference's."""
+
+
+class HintBasedSymShapeEvalPass(SymShapeEvalPass):
+    """Plans each dynamic tensor at the sizes of the example inputs the program was exported with (each input
+    symbol's hint): the arena is what the example needs, and the program then accepts an input dim from the
+    constraint's ``min`` up to the example's size only (a larger one is refused by the runtime, naming the input,
+    dim and bound, instead of overflowing the arena). A dim exported without a ``max`` is bounded by the
+    example's size here, though the edge verifier refuses such a program first unless ``to_edge`` ran with
+    ``EdgeCompileConfig(_check_ir_validity=False)``. A symbol without a hint (a program deserialized without
+    its example shapes) is refused (``ExportError``)."""
+
+    def bound_program(self, ep: ExportedProgram, method: str) -> ExportedProgram:
+        ranges = dict(ep.range_constraints)
+        for name, d, size in _input_dims(ep):
+            sym = size.node.expr
+            hint = _int_or_none(size.node.hint) if size.node.has_hint() else None
+            where = f"input '{name}'" + (f" dim {d}" if d >= 0 else "")
+            if hint is None:
+                raise ExportError(f"method '{method}': HintBasedSymShapeEvalPass: {where} ({sym}) has no example "
+                                  "size to plan at; use ConstraintBasedSymShapeEvalPass (a Dim with a max)")
+            vr = ranges.get(sym)
+            lo = _int_or_none(vr.lower) if vr is not None else None
+            ranges[sym] = ValueRanges(min(max(lo or 0, 0), hint), hint)
+        new = copy.copy(ep)  # shares the graph: only the ranges the planner reads differ
+        new._range_constraints = ranges
+        return new

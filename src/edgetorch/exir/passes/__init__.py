@@ -6,7 +6,9 @@ the program they were given (which an ETRecord may hold) is left untouched. Afte
 without a debug handle get fresh ones and the edge verifier runs again.
 
 ``MemoryPlanningPass`` (also ``edgetorch.exir.passes.memory_planning_pass.MemoryPlanningPass``, where the
-reference's users import it) holds the memory-planning options ``ExecutorchBackendConfig`` takes.
+reference's users import it) holds the memory-planning options ``ExecutorchBackendConfig`` takes; the
+``*SymShapeEvalPass`` classes (also in ``exir.passes.sym_shape_eval_pass``) say where dynamic shapes' planned
+sizes come from.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from edgetorch.errors import ExportError
 from edgetorch.exir.clone import clone_program
 from edgetorch.exir.debug_handles import fill_missing_debug_handles
 from edgetorch.exir.memory_planning import MemoryPlanningPass
+from edgetorch.exir.symbolic import ConstraintBasedSymShapeEvalPass, HintBasedSymShapeEvalPass
 from edgetorch.exir.verifier import verify_edge_program
 
-__all__ = ["MemoryPlanningPass", "apply_passes"]
+__all__ = ["ConstraintBasedSymShapeEvalPass", "HintBasedSymShapeEvalPass", "MemoryPlanningPass", "apply_passes"]
 
 
 def apply_passes(ep: ExportedProgram, passes: Sequence[Callable], method: str, config) -> ExportedProgram:
