@@ -87,12 +87,20 @@ class Program:
 
     # -- mutable buffers ----------------------------------------------------------------------------
     def _initial_value(self, mb: pf.MutableBufferDef) -> torch.Tensor:
+        """Buffer ``mb``'s initial value: a fresh zero tensor (``MUTABLE_ZERO_INIT``) or a read-only view of its
+        constant's bytes (callers copy it)."""
         loaded = self._loaded
-        off, size = loaded.program.constants[mb.constant_index]
         dtype = code_dtype(mb.scalar_type)
         numel = 1
         for s in mb.sizes:
             numel *= s
+        if mb.constant_index == pf.MUTABLE_ZERO_INIT:
+            try:
+                return torch.zeros(mb.sizes, dtype=dtype)
+            except (RuntimeError, MemoryError) as e:  # sizes are checked at load; the machine may still lack them
+                raise ProgramFormatError(f"mutable buffer '{mb.name}' ({numel * dtype.itemsize} bytes of zeros) "
+                                         f"cannot be allocated: {e}", field="mutable_buffers") from e
+        off, size = loaded.program.constants[mb.constant_index]
         if numel * dtype.itemsize > size:
             raise ProgramFormatError(f"mutable buffer '{mb.name}' needs {numel * dtype.itemsize} bytes, its initial "
                                      f"value constant has {size}", field="mutable_buffers")
@@ -113,7 +121,9 @@ class Program:
             return t
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # frombuffer on a read-only buffer: copied right away
-            t = self._initial_value(mb).clone()
+            t = self._initial_value(mb)
+        if mb.constant_index != pf.MUTABLE_ZERO_INIT:
+            t = t.clone()  # the constant's bytes are the file's (read-only): the state is a copy
         self._buffers[mb.name] = (t, mb)
         return t
 
@@ -123,7 +133,10 @@ class Program:
             warnings.simplefilter("ignore", UserWarning)
             for name in (self._buffers if names is None else names):
                 t, mb = self._buffers[name]
-                t.copy_(self._initial_value(mb))
+                if mb.constant_index == pf.MUTABLE_ZERO_INIT:
+                    t.zero_()
+                else:
+                    t.copy_(self._initial_value(mb))
 
     def reset(self) -> None:
         """Restores every mutable buffer (e.g. empties the KV cache before a new prompt)."""
@@ -160,6 +173,22 @@ class Runtime:
             if cls._instance is None:
                 cls._instance = cls()
             return cls._instance
+
+    @property
+    def operator_registry(self):
+        """The operators this runtime runs (``runtime.registries.OperatorRegistry``: ``operator_names``,
+        ``has_operator``)."""
+        from edgetorch.runtime.registries import OperatorRegistry
+
+        return OperatorRegistry()
+
+    @property
+    def backend_registry(self):
+        """The delegate backends this runtime runs (``runtime.registries.BackendRegistry``:
+        ``registered_backend_names``, ``is_available``)."""
+        from edgetorch.runtime.registries import BackendRegistry
+
+        return BackendRegistry()
 
     def load_program(self, data: Any, *, verification: Verification = Verification.InternalConsistency,
                      enable_etdump: bool = False, debug_buffer_size: int | str = 0,
