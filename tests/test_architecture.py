@@ -39,6 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     "devtools": _BOTTOM | {"formats", "exir", "runtime", "backends"},
     # the reference's one-call export helpers (executorch.extension.export_util): the compiler's public API only
     "extension": _BOTTOM | {"formats", "exir", "runtime", "backends"},
+    # the reference's executorch.util (the activation memory profiler): reads the compiler's emitted plan
+    "util": _BOTTOM | {"formats", "exir"},
     "workflows": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools"},
     "cli": _BOTTOM | {"formats", "exir", "runtime", "backends", "export", "models", "devtools", "workflows"},
     "__main__": {"cli"},
