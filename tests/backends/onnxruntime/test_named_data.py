@@ -126,3 +126,47 @@ def test_a_mapped_program_releases_the_copied_weights_and_still_runs(shared, tmp
     for method, rows in (("prefill", 8), ("decode", 1)):
         x = torch.randn(rows, DIM)
         torch.testing.assert_close(loaded.load_method(method).execute([x])[0], model(x), rtol=1e-4, atol=1e-4)
+
+
+class Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(512, 64), nn.Linear(64, DIM)  # 128 KiB table: named data
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(tokens))
+
+
+def test_a_table_only_gather_reads_is_bound_in_place_not_copied(tmp_path):
+    """ORT would copy an embedding table into each method's session; it is bound to the program's bytes."""
+    from edgetorch.backends.onnxruntime.runtime import set_runtime_options
+
+    torch.manual_seed(0)
+    model = Embed().eval()
+    methods = {"prefill": torch.export.export(model, (torch.randint(0, 512, (1, 8)),)),
+               "decode": torch.export.export(model, (torch.randint(0, 512, (1, 1)),))}
+    prog = to_edge(methods, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_backend(
+        OrtPartitioner()).to_executorch()
+    path = tmp_path / "embed.pte"
+    path.write_bytes(prog.buffer)
+    key = _blob.NAMED_KEY_PREFIX + hashlib.sha256(model.emb.weight.detach().numpy().tobytes()).hexdigest()
+    assert key in {k for k, _, _ in pf.decode_flatbuffer(prog.buffer[pf.HEADER_SIZE:]).named_data}
+    got = {}
+    for ops in ("Gather", ""):
+        set_runtime_options(in_place_ops=ops)
+        try:
+            loaded = Runtime.get().load_program(str(path))
+            for method, rows in (("prefill", 8), ("decode", 1)):
+                m = loaded.load_method(method)
+                (handle,) = m._delegate_handles.values()
+                bound = [e["name"] for e in handle.header["initializers"] if e.get("key") == key]
+                assert handle._bound == (bound if ops else [])
+                assert len(bound) == 1 and (bound[0] in [i.name for i in handle.session.get_inputs()]) == bool(ops)
+                tokens = torch.randint(0, 512, (1, rows))
+                got[ops, method] = m.execute([tokens])[0]
+                torch.testing.assert_close(got[ops, method], model(tokens), rtol=1e-4, atol=1e-4)
+                got[ops, method, "feeds"] = torch.empty_like(got[ops, method])
+                handle.run_without_binding([tokens], [got[ops, method, "feeds"]])
+                torch.testing.assert_close(got[ops, method, "feeds"], model(tokens), rtol=1e-4, atol=1e-4)
+        finally:
+            set_runtime_options(in_place_ops=None)

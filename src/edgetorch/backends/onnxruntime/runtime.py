@@ -64,7 +64,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from edgetorch.backends.onnxruntime import _blob, _qdq, _shapes
+from edgetorch.backends.onnxruntime import _blob, _qdq, _shapes, _weights
 from edgetorch.errors import ProgramFormatError, RuntimeInputError
 from edgetorch.formats import etdump as ed
 from edgetorch.runtime._copy import copy_into
@@ -92,6 +92,7 @@ _DEFAULTS: dict[str, str] = {
     # holds the least resident memory and decodes fastest; "share" keeps 120 MiB more, prepack "0" is 33x slower.
     "weights": "copy",
     "prepack": "1",
+    "in_place_ops": ",".join(sorted(_weights.IN_PLACE_OPS)),  # weights only these read: bound, not copied ("": off)
 }
 _OVERRIDES: dict[str, str] = {}
 _LOCK = threading.Lock()
@@ -198,6 +199,7 @@ class OrtDelegate:
         self.debug_buffer_bytes: int | None = int(db) if isinstance(db, int) and db >= 0 else None
         threads = int(self.options["intra_op_num_threads"] or 0)
         self.num_threads = threads if threads > 0 else torch.get_num_threads()
+        self._bound: list[str] = []  # weights the plain model reads as graph inputs (``_weights``)
         self._plain_bytes = self._plain_model()
         try:
             self.session = self._make_session(self._plain_bytes)
@@ -228,15 +230,20 @@ class OrtDelegate:
     # -- sessions -----------------------------------------------------------------------------------
     def _plain_model(self) -> bytes:
         """The model of the plain and profiling sessions: the exported one, with int8 activations moved to
-        uint8 where optimizations are on (``_qdq``: lets ORT's integer kernels take every quantized op)."""
-        off = self.options["graph_optimization_level"] == "ORT_DISABLE_ALL"
-        if off or b"QuantizeLinear" not in self._model_bytes:
+        uint8 where optimizations are on (``_qdq``: lets ORT's integer kernels take every quantized op), and the
+        weights only ``in_place_ops`` read made graph inputs bound to the blob's memory (``_weights``)."""
+        qdq = self.options["graph_optimization_level"] != "ORT_DISABLE_ALL" and b"QuantizeLinear" in self._model_bytes
+        ops = frozenset(o for o in self.options["in_place_ops"].split(",") if o)
+        if not qdq and not (ops and self._ortvalues):
             return self._model_bytes
         import onnx
 
         proto = onnx.ModelProto()
         proto.ParseFromString(self._model_bytes)
-        return proto.SerializeToString() if _qdq.activations_to_uint8(proto) else self._model_bytes
+        self._bound = _weights.in_place_weights(proto, self._ortvalues, ops)
+        changed = _weights.rewrite(proto, self._bound)
+        changed = (qdq and _qdq.activations_to_uint8(proto)) or changed
+        return proto.SerializeToString() if changed else self._model_bytes
 
     def session_options(self, profile_prefix: str | None = None, spin: bool = True,
                         weights: bool = True) -> ort.SessionOptions:
@@ -254,8 +261,8 @@ class OrtDelegate:
         so.add_session_config_entry("session.intra_op.allow_spinning", self.options["allow_spinning"] if spin else "0")
         if self.options["prepack"] == "0":
             so.add_session_config_entry("session.disable_prepacking", "1")
-        if weights and self._ortvalues:
-            names = list(self._ortvalues)
+        names = [n for n in self._ortvalues if n not in self._bound]
+        if weights and names:
             if self.options["weights"] == "copy":
                 so.add_external_initializers(names, [self._ortvalues[n] for n in names])
             else:  # ORT keeps a pointer to the caller's buffer (the mapped program): no copy unless it prepacks
@@ -268,24 +275,9 @@ class OrtDelegate:
 
     def _make_session(self, model: bytes, profile_prefix: str | None = None, spin: bool = True) -> Any:
         if self._ortvalues and self.options["weights"] == "share":
-            model = self._inline_weights(model)
+            model = _weights.inline(model, self._arrays)
         return ort.InferenceSession(model, self.session_options(profile_prefix, spin),
                                     providers=["CPUExecutionProvider"])
-
-    def _inline_weights(self, model: bytes) -> bytes:
-        """``model`` with its external initializers inline (a transient copy: ORT accepts ``add_initializer``
-        only for an initializer whose data the model holds, then uses the caller's buffer and drops the model's
-        copy once the session is built)."""
-        import onnx
-
-        proto = onnx.ModelProto()
-        proto.ParseFromString(model)
-        for t in proto.graph.initializer:
-            if t.data_location == onnx.TensorProto.EXTERNAL and t.name in self._arrays:
-                del t.external_data[:]
-                t.data_location = onnx.TensorProto.DEFAULT
-                t.raw_data = self._arrays[t.name].tobytes()
-        return proto.SerializeToString()
 
     def _exposing_model(self) -> bytes:
         """The exported model with every value in ``intermediates`` appended to its outputs (built once). Its
@@ -362,7 +354,10 @@ class OrtDelegate:
             raise RuntimeError(f"onnxruntime delegate expects {len(self.input_names)} inputs and "
                                f"{len(self.output_names)} outputs, got {len(inputs)} and {len(outputs)}")
         self.check_shapes(inputs, outputs)
-        return self._bind_names(session, self.input_names, inputs, self.output_names, outputs)
+        b = self._bind_names(session, self.input_names, inputs, self.output_names, outputs)
+        for name in self._bound:  # read in place from the program's memory
+            b.io.bind_ortvalue_input(name, self._ortvalues[name])
+        return b
 
     def symbols(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
         """The value of every dynamic dim symbol in this run (checked against the blob; ``RuntimeInputError``)."""
@@ -425,7 +420,8 @@ class OrtDelegate:
             o.copy_(torch.from_numpy(r))
 
     def _feeds(self, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
-        return {n: t.detach().contiguous().numpy() for n, t in zip(self.input_names, inputs)}
+        feeds = {n: t.detach().contiguous().numpy() for n, t in zip(self.input_names, inputs)}
+        return feeds | {n: self._arrays[n] for n in self._bound}
 
     def debug_feeds(self, inputs: Sequence[torch.Tensor | np.ndarray]) -> dict[str, Any]:
         """Feeds of ``debug_session().run``: the inputs and the weights, graph inputs of the exposing model
