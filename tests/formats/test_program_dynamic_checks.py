@@ -81,6 +81,15 @@ def test_mutable_buffer_corruptions(et):
     plan.mutable_buffers[0] = dataclasses.replace(plan.mutable_buffers[0], constant_index=99)
     _check(prog, "mutable buffer 'cache' refers to constant 99")
     prog, plan = _plan(et)
+    assert plan.mutable_buffers[0].constant_index == pf.MUTABLE_ZERO_INIT  # zeros: no bytes stored
+    plan.mutable_buffers[0] = dataclasses.replace(plan.mutable_buffers[0], constant_index=-2)
+    _check(prog, "mutable buffer 'cache' refers to constant -2")
+    prog, plan = _plan(et)  # a zero-initialised buffer the loader could never allocate
+    plan.mutable_buffers[0] = dataclasses.replace(plan.mutable_buffers[0], sizes=(1 << 40, 1 << 4))
+    t = next(v for v in plan.values if isinstance(v, pf.TensorDef) and v.placement == pf.PLACEMENT_MUTABLE)
+    t.sizes, t.strides = [1 << 40, 1 << 4], [1 << 4, 1]
+    _check(prog, r"mutable buffer 'cache' would need \d+ bytes")
+    prog, plan = _plan(et)
     plan.mutable_buffers[0] = dataclasses.replace(plan.mutable_buffers[0], sizes=(8, 4))
     _check(prog, "does not match the dtype/shape of mutable buffer 'cache'")
     prog, plan = _plan(et)

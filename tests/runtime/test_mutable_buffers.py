@@ -1,5 +1,6 @@
 """Mutable buffers: a KV-cache-style buffer updated in place lives in the loaded program across calls, is shared
-by the methods naming it, is written in place by the op that updates it, and ``reset`` restores it."""
+by the methods naming it, is written in place by the op that updates it, and ``reset`` restores it.
+A buffer whose initial bytes are all 0 is stored as no bytes (``MUTABLE_ZERO_INIT``) and allocated as zeros."""
 
 from __future__ import annotations
 
@@ -115,3 +116,44 @@ def test_state_is_logged_like_other_values(program, tmp_path):
         logged = [buf.value(e.debug_event.debug_entry) for e in runs[0].events
                   if e.debug_event is not None and e.debug_event.name == "index_put"]
     assert len(logged) == 1 and torch.equal(logged[0], snapshot)  # the first run's cache, not the second's
+
+
+class Seeded(torch.nn.Module):
+    """A zero cache (no bytes in the file), a non-zero buffer and a -0.0 one (bytes not all 0: stored)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(n, 4))
+        self.register_buffer("gain", torch.full((4,), 2.0))
+        self.register_buffer("neg", torch.full((4,), -0.0))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.cache.index_copy_(0, pos, x)
+        self.gain.mul_(1.5)
+        self.neg.add_(x[0])
+        return self.cache.sum(0) * self.gain + 1.0 / self.neg
+
+
+def test_zero_buffers_store_no_bytes_and_start_and_reset_as_zeros():
+    from edgetorch.formats import program as pf
+
+    x, pos = torch.randn(1, 4), torch.tensor([2])
+    small, big = (to_edge(torch.export.export(Seeded(n), (x, pos))).to_executorch() for n in (16, 16 + 4096))
+    assert len(big.buffer) - len(small.buffer) < 1024  # 64 KiB more cache, not 64 KiB more file
+    mbs = {mb.name: mb for mb in big.program.plans[0].mutable_buffers}
+    assert mbs["cache"].constant_index == pf.MUTABLE_ZERO_INIT
+    assert mbs["gain"].constant_index >= 0 and mbs["neg"].constant_index >= 0  # -0.0: its bytes are not all 0
+    prog = Runtime.get().load_program(big.buffer)
+    m = prog.load_method("forward")
+    ref = Seeded(16 + 4096)
+    for _ in range(2):
+        for p in (2, 7):
+            xi, pi = torch.randn(1, 4), torch.tensor([p])
+            with torch.no_grad():
+                want = ref(xi, pi)
+            torch.testing.assert_close(m.execute(xi, pi)[0], want, rtol=0, atol=0)
+        assert torch.equal(prog.buffers["cache"], ref.cache)
+        prog.reset()
+        ref = Seeded(16 + 4096)
+        assert prog.buffers["cache"].count_nonzero().item() == 0 and prog.buffers["gain"].eq(2.0).all()
+        assert torch.equal(prog.buffers["neg"].view(torch.int32), torch.full((4,), -0.0).view(torch.int32))

@@ -14,9 +14,10 @@ values, evaluated by the runtime from the input shapes, not instructions. Non-te
 specialised (``use_cache=False``) become constant values the runtime checks each call against.
 
 Mutable buffers (``buffers_to_mutate``): the buffer becomes a ``MUTABLE`` value (state of the loaded program,
-initialised from a constant). The op computing its new value writes straight into it when it can (its first
-argument is the buffer, it has an out variant and nothing reads the old value after it: an ``index_put`` of a
-KV cache); otherwise a ``copy`` instruction at the end of the method stores the new value.
+initialised from a constant, or from zeros the file does not store when its bytes are all 0). The op computing
+its new value writes straight into it when it can (its first argument is the buffer, it has an out variant and
+nothing reads the old value after it: an ``index_put`` of a KV cache); otherwise a ``copy`` instruction at the
+end of the method stores the new value.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ from edgetorch.formats.dtypes import LAYOUTS, MEMORY_FORMATS, dtype_code, storag
 from edgetorch.formats.handles import DELEGATE_CALL, IN_DELEGATE, KERNEL, HandleGroup, OutputSource
 
 __all__ = ["ConstantPool", "DelegatePool", "EmittedMethod", "emit_method"]
+
+
+def _all_zero_bytes(t: torch.Tensor) -> bool:
+    """Whether every byte of ``t`` is 0 (so -0.0 is not: a zero-initialised buffer must be bit-exact)."""
+    t = t.detach().contiguous()
+    return t.numel() == 0 or not bool(t.reshape(-1).view(torch.uint8).any())
 
 
 class ConstantPool:
@@ -309,7 +316,10 @@ class _MethodEmitter:
         data = self.ep.state_dict.get(target, self.ep.constants.get(target))
         if not isinstance(data, torch.Tensor):
             raise ExportError(f"method '{self.name}': mutable buffer '{target}' has no tensor data")
-        idx, stored = self.constants.add(data, snapshot=True)  # the .pte keeps today's state, not a later run's
+        if _all_zero_bytes(data):  # e.g. an empty KV cache: the loader allocates zeros, the file stores no bytes
+            idx, stored = pf.MUTABLE_ZERO_INIT, data.detach().contiguous()
+        else:
+            idx, stored = self.constants.add(data, snapshot=True)  # the .pte keeps today's state, not a later run's
         self.mutable_buffers.append(pf.MutableBufferDef(target, idx, dtype_code(stored.dtype),
                                                         tuple(int(s) for s in stored.shape)))
         t = _tensor_def(stored, pf.PLACEMENT_MUTABLE)

@@ -5,6 +5,7 @@ file owns. ``check_consistency`` is re-exported by ``formats.program``."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from edgetorch.formats import symexpr
 from edgetorch.formats._program_defs import (
     CALL_KIND_NAMES,
     CALL_VIEW,
+    MUTABLE_ZERO_INIT,
     PLACEMENT_ALIAS,
     PLACEMENT_CONSTANT,
     PLACEMENT_DYNAMIC,
@@ -299,7 +301,11 @@ def _check_mutable_buffers(program: ProgramDef, p: PlanDef) -> None:
         if not _plain_scalar_type(mb.scalar_type) or any(not 0 <= n <= MAX_TENSOR_BYTES for n in mb.sizes):
             _fail(f"method '{p.name}': mutable buffer '{mb.name}' has an unknown scalar type {mb.scalar_type} or a "
                   "bad size", f"{p.name}.mutable_buffers[{j}]")
-        if not 0 <= mb.constant_index < len(program.constants):
+        nbytes = PLAIN_CODE_TO_DTYPE[mb.scalar_type].itemsize * math.prod(mb.sizes)
+        if nbytes > MAX_TENSOR_BYTES:
+            _fail(f"method '{p.name}': mutable buffer '{mb.name}' would need {nbytes} bytes (more than "
+                  f"{MAX_TENSOR_BYTES})", f"{p.name}.mutable_buffers[{j}].sizes")
+        if mb.constant_index != MUTABLE_ZERO_INIT and not 0 <= mb.constant_index < len(program.constants):
             _fail(f"method '{p.name}': mutable buffer '{mb.name}' refers to constant {mb.constant_index}, but the "
                   f"program has {len(program.constants)}", f"{p.name}.mutable_buffers[{j}].constant_index")
 

@@ -32,6 +32,7 @@ PLACEMENT_CONSTANT = fb.TensorPlacement.CONSTANT
 PLACEMENT_ALIAS = fb.TensorPlacement.ALIAS
 PLACEMENT_DYNAMIC = fb.TensorPlacement.DYNAMIC
 PLACEMENT_MUTABLE = fb.TensorPlacement.MUTABLE
+MUTABLE_ZERO_INIT = -1  # MutableBufferDef.constant_index of a buffer whose initial value is all zeros (no bytes)
 
 CALL_OUT = fb.CallKind.OUT
 CALL_FUNCTIONAL_COPY = fb.CallKind.FUNCTIONAL_COPY
@@ -124,7 +125,8 @@ class SymbolDef:
 
 @dataclass(frozen=True)
 class MutableBufferDef:
-    """A buffer the method updates in place; its initial value is constant ``constant_index``."""
+    """A buffer the method updates in place; its initial value is constant ``constant_index``, or all zeros
+    (no stored bytes) when ``constant_index`` is ``MUTABLE_ZERO_INIT``."""
 
     name: str
     constant_index: int
