@@ -168,7 +168,7 @@ def test_symbolic_sizes_refuse_bad_expressions():
     for bad in ('["s", 3]', '["exec", 1]', '["+"]', '"x"', '[1, 2]', '{"a": 1}', '["^", 2, 99]', 'true'):
         with pytest.raises(ProgramFormatError):
             symexpr.parse_expr(bad, 2, "test")
-    assert pf.PROGRAM_SCHEMA_VERSION == 3
+    assert pf.PROGRAM_SCHEMA_VERSION == 4
 
 
 def test_a_symbolic_int_input_is_a_scalar_input_with_bounds():

@@ -38,9 +38,12 @@ def set_debug_handle(node: torch.fx.Node, handle: int) -> None:
 
 
 def _op_nodes(gm: torch.fx.GraphModule):
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is not operator.getitem:
-            yield node
+    """The op nodes of ``gm``, then of its ``torch.cond`` branches (breadth first, as the reference numbers them)."""
+    from edgetorch.exir.control_flow import control_flow_graphs
+    for g in control_flow_graphs(gm):
+        for node in g.graph.nodes:
+            if node.op == "call_function" and node.target is not operator.getitem:
+                yield node
 
 
 def assign_debug_handles(ep: ExportedProgram) -> int:
@@ -66,7 +69,8 @@ def fill_missing_debug_handles(gm: torch.fx.GraphModule) -> None:
             top += 1
             set_debug_handle(n, top)
     # getitem nodes share the handle of the multi-output node they read from
-    for node in gm.graph.nodes:
+    from edgetorch.exir.control_flow import control_flow_graphs
+    for node in (n for g in control_flow_graphs(gm) for n in g.graph.nodes):
         if node.op == "call_function" and node.target is operator.getitem:
             src = node.args[0]
             if isinstance(src, torch.fx.Node) and get_debug_handle(src) is not None:
@@ -92,9 +96,12 @@ def source_location(stack_trace: str | None) -> str:
 
 def nodes_by_handle(graph: torch.fx.Graph) -> dict[int, list[torch.fx.Node]]:
     """{debug handle: its op nodes in graph order} (``operator.getitem`` skipped): the one walk from handles to
-    the nodes of a graph, in first-appearance order of the handles."""
+    the nodes of a graph (then of its ``torch.cond`` branches), in first-appearance order of the handles."""
+    from edgetorch.exir.control_flow import control_flow_graphs
     out: dict[int, list[torch.fx.Node]] = {}
-    for n in graph.nodes:
+    gm = graph.owning_module
+    graphs = [g.graph for g in control_flow_graphs(gm)] if isinstance(gm, torch.fx.GraphModule) else [graph]
+    for n in (n for g in graphs for n in g.nodes):
         if n.op == "call_function" and n.target is not operator.getitem:
             h = get_debug_handle(n)
             if h is not None:

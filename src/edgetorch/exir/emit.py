@@ -34,6 +34,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from edgetorch.errors import ExportError
+from edgetorch.exir import control_flow
 from edgetorch.exir.backend.backend_details import NamedDataConflictError
 from edgetorch.exir.backend.lowered import LoweredBackendModule, is_delegate_call, lowered_module_of
 from edgetorch.exir.debug_handles import get_debug_handle, source_location
@@ -527,32 +528,42 @@ class _MethodEmitter:
                 and (vx.scalar_type, vx.sizes, vx.strides, vx.storage_offset, vx.nbytes)
                 == (vo.scalar_type, vo.sizes, vo.strides, vo.storage_offset, vo.nbytes))
 
+    def emit_node(self, node: torch.fx.Node) -> None:
+        """Emits one node of the method's graph or of a ``torch.cond`` branch (``exir.control_flow``)."""
+        if node.op == "call_function":
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymBool):  # a cond's predicate on sizes: a 0/1 SymInt
+                self.node_values[node] = control_flow.emit_sym_bool(self, val, f"node '{node.name}'")
+            elif isinstance(val, (torch.SymInt, torch.SymFloat, int, float, bool)) \
+                    and not isinstance(val, torch.Tensor):
+                self.node_values[node] = self.sym_value(val, f"node '{node.name}'")  # evaluated per run
+            elif node.target is operator.getitem:
+                src, idx = node.args
+                vals = self.node_values[src]
+                self.node_values[node] = vals[idx] if isinstance(vals, list) else vals
+            elif node.target in _IGNORED_TARGETS:
+                return
+            elif is_delegate_call(node):
+                self.emit_delegate(node)
+            elif control_flow.is_cond(node):
+                control_flow.emit_cond(self, node)  # both branches inline, with jumps and moves
+            else:
+                self.emit_kernel(node)
+        elif node.op == "get_attr" and (all(is_delegate_call(u) for u in node.users)
+                                        or control_flow.is_branch_attr(node)):
+            return  # a lowered module (its delegate calls emit it) or a cond's branch (the cond emits it)
+        else:
+            raise ExportError(f"method '{self.name}': cannot emit node '{node.name}' ({node.op})")
+
     def emit(self) -> EmittedMethod:
         self.emit_placeholders()
         self.find_inplace_updates()
         out_node = None
         for node in self.ep.graph.nodes:
-            if node.op == "call_function":
-                val = node.meta.get("val")
-                if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) \
-                        and not isinstance(val, torch.Tensor):
-                    self.node_values[node] = self.sym_value(val, f"node '{node.name}'")  # evaluated per run
-                elif node.target is operator.getitem:
-                    src, idx = node.args
-                    vals = self.node_values[src]
-                    self.node_values[node] = vals[idx] if isinstance(vals, list) else vals
-                elif node.target in _IGNORED_TARGETS:
-                    continue
-                elif is_delegate_call(node):
-                    self.emit_delegate(node)
-                else:
-                    self.emit_kernel(node)
-            elif node.op == "output":
+            if node.op == "output":
                 out_node = node
-            elif node.op == "get_attr" and all(is_delegate_call(u) for u in node.users):
-                continue  # a lowered module: its delegate calls emit it
             elif node.op != "placeholder":
-                raise ExportError(f"method '{self.name}': cannot emit node '{node.name}' ({node.op})")
+                self.emit_node(node)
         outputs, output_names = self.emit_outputs(out_node)
         outputs = self.reuse_dying_inputs(outputs)
         # memory plan

@@ -25,6 +25,7 @@ from edgetorch._fileio import atomic_write
 from edgetorch.errors import EdgeTorchError, ETRecordError, ExportError, MemoryPlanError
 from edgetorch.exir.clone import sync_signature_names
 from edgetorch.exir.config import EdgeCompileConfig, ExecutorchBackendConfig
+from edgetorch.exir.control_flow import unique_branch_names
 from edgetorch.exir.debug_handles import assign_debug_handles, fill_missing_debug_handles
 from edgetorch.exir.emit import ConstantPool, DelegatePool, EmittedMethod, emit_method
 from edgetorch.exir.memory_planning import unplan_inputs, unshare_mutable_buffers
@@ -76,6 +77,7 @@ def _to_edge_one(aten: ExportedProgram, name: str, config: EdgeCompileConfig) ->
     edge = aten.run_decompositions(_decomposition_table(config))
     _remove_asserts(edge)
     fill_missing_debug_handles(edge.graph_module)
+    unique_branch_names(edge.graph_module)  # torch.cond: one node name, one node across the branches
     if config._check_ir_validity:
         verify_edge_program(edge, name)
     log.info("to_edge(%s): %d edge nodes in %.2fs", name, len(edge.graph.nodes), time.perf_counter() - t0)

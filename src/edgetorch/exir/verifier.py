@@ -13,6 +13,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgetorch.errors import UnsupportedOpError
+from edgetorch.exir import control_flow as cf
 from edgetorch.exir.backend.lowered import is_delegate_call
 from edgetorch.exir.debug_handles import source_location
 
@@ -77,18 +78,60 @@ def verify_edge_program(ep: ExportedProgram, method: str = "forward") -> None:
                 _fail(node, "input", f"non-tensor input of type {type(v).__name__} (tensors, bool, int, float, "
                       "str and None are supported)", method)
             _check_val(node, "input", method, ranges)
-        elif node.op == "get_attr" and node.users and all(is_delegate_call(u) for u in node.users):
-            continue  # a lowered module (exir.backend.lowered), called by its delegate calls
-        elif node.op == "get_attr":
-            _fail(node, f"get_attr {node.target}", "submodules (control flow) are not supported", method)
-        elif node.op == "call_function":
-            _check_call(node, method, ranges)
+        else:
+            _check_node(node, method, ranges)
+
+
+def _check_node(node: torch.fx.Node, method: str, ranges: dict) -> None:
+    if node.op == "get_attr" and node.users and all(is_delegate_call(u) for u in node.users):
+        return  # a lowered module (exir.backend.lowered), called by its delegate calls
+    if node.op == "get_attr" and cf.is_branch_attr(node):
+        return  # a cond's branch, checked with its cond
+    if node.op == "get_attr":
+        _fail(node, f"get_attr {node.target}", "only torch.cond branches and lowered modules may be submodules",
+              method)
+    elif node.op == "call_function" and cf.is_cond(node):
+        _check_cond(node, method, ranges)
+    elif node.op == "call_function":
+        _check_call(node, method, ranges)
+
+
+def _check_cond(node: torch.fx.Node, method: str, ranges: dict) -> None:
+    """A cond: its predicate, operands and outputs, then each branch's nodes."""
+    pred, _, _, operands = node.args[:4]
+    pv = pred.meta.get("val") if isinstance(pred, torch.fx.Node) else pred
+    if isinstance(pv, torch.Tensor) and (pv.dtype != torch.bool or pv.numel() != 1):
+        _fail(node, "cond", f"its predicate is a {pv.dtype} tensor of shape {tuple(pv.shape)} (expected one bool)",
+              method)
+    if not isinstance(pv, (torch.Tensor, torch.SymBool, bool)):
+        _fail(node, "cond", f"its predicate is a {type(pv).__name__} (expected a bool tensor or a SymBool)", method)
+    for a in operands:
+        if not isinstance(a, torch.fx.Node) or not isinstance(a.meta.get("val"), torch.Tensor):
+            _fail(node, "cond", f"operand {a} is not a tensor (tensor operands only)", method)
+    vals = node.meta.get("val")
+    if not all(isinstance(v, torch.Tensor) for v in (vals if isinstance(vals, (list, tuple)) else [vals])):
+        _fail(node, "cond", "it returns a non-tensor value", method)
+    _check_val(node, "cond", method, ranges)
+    for sub in cf.branches_of(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                _check_val(n, "branch input", method, ranges)
+            elif n.op != "output":
+                _check_node(n, method, ranges)
+
+
+def _is_sym_bool(node: torch.fx.Node) -> bool:
+    """A SymBool size comparison that only feeds cond predicates (or other such comparisons)."""
+    return (isinstance(node.meta.get("val"), torch.SymBool) and node.target in cf.SYM_BOOL_TARGETS
+            and all((cf.is_cond(u) and u.args[0] is node) or _is_sym_bool(u) for u in node.users))
 
 
 def _check_call(node: torch.fx.Node, method: str, ranges: dict) -> None:
     t = node.target
-    if t is operator.getitem or t in _IGNORED_TARGETS or is_delegate_call(node):
+    if t is operator.getitem or t in _IGNORED_TARGETS or is_delegate_call(node) or _is_sym_bool(node):
         return
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        _fail(node, str(t), f"control flow other than torch.cond ({t.__name__}) is not supported", method)
     val = node.meta.get("val")
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return  # a size computation (sym_size, operator.mul, ...): evaluated by the runtime from input shapes

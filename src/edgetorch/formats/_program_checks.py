@@ -21,9 +21,11 @@ from edgetorch.formats._program_defs import (
     PLACEMENT_PLANNED,
     DeviceV,
     DtypeV,
+    JumpFalseCallDef,
     KernelCallDef,
     LayoutV,
     MemoryFormatV,
+    MoveCallDef,
     OptionalTensorListV,
     PlanDef,
     ProgramDef,
@@ -33,6 +35,7 @@ from edgetorch.formats._program_defs import (
     TensorListV,
 )
 from edgetorch.formats.alignment import ALIGNMENT, align
+from edgetorch.formats.control_flow import check_instruction
 from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, storage_nbytes
 from edgetorch.formats.errors import ProgramFormatError
 
@@ -320,6 +323,8 @@ def _check_instructions(p: PlanDef, idx: Callable[..., None]) -> None:
                       f"{len(p.operators)}", f"{p.name}.instructions[{k}].op_index")
             if c.kind not in CALL_KIND_NAMES:
                 _fail(f"{where}: instruction {k} has unknown call kind {c.kind}", f"{p.name}.instructions[{k}]")
+        elif isinstance(c, (MoveCallDef, JumpFalseCallDef)):
+            check_instruction(p, k)  # destination, condition kind, move dtypes and shapes
         else:
             if not 0 <= c.delegate_index < len(p.delegates):
                 _fail(f"{where}: instruction {k} calls delegate {c.delegate_index}, but the method has "

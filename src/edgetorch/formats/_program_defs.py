@@ -16,9 +16,12 @@ from edgetorch.formats.dtypes import code_dtype
 MAGIC = b"EDGTPROG"
 FB_IDENTIFIER = b"EDTP"
 HEADER_VERSION = 2  # 2: the content hash is chunked (``content_hash``); 1: plain SHA-256 of the body (still read)
-PROGRAM_SCHEMA_VERSION = 3  # 3: named data; 2: bounded dynamic shapes (symbols, SymInt values), mutable buffers
-#: schema versions this reader reads (a version-1/2 file has no named data: read as empty)
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+#: 4: control flow (JumpFalseCall, MoveCall); 3: named data; 2: bounded dynamic shapes (symbols, SymInt values),
+#: mutable buffers
+PROGRAM_SCHEMA_VERSION = 4
+#: schema versions this reader reads (a version-1/2 file has no named data: read as empty; before 4, no jumps)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+CONTROL_FLOW_VERSION = 4  # the first schema version whose instructions may jump and move
 HEADER = struct.Struct("<8sIIQQQQ32s")  # magic, header ver, schema ver, fb off, fb size, seg off, seg size, hash
 HEADER_SIZE = 128
 
@@ -160,8 +163,57 @@ class DelegateCallDef:
 
 
 @dataclass
+class MoveCallDef:
+    """Copies tensor ``move_from`` into the planned tensor ``move_to`` (``formats.control_flow``)."""
+
+    move_from: int
+    move_to: int
+
+    @property
+    def args(self) -> list[int]:
+        return [self.move_from]
+
+    @args.setter
+    def args(self, v: list[int]) -> None:
+        (self.move_from,) = v
+
+    @property
+    def outputs(self) -> list[int]:
+        return [self.move_to]
+
+    @outputs.setter
+    def outputs(self, v: list[int]) -> None:
+        (self.move_to,) = v
+
+
+@dataclass
+class JumpFalseCallDef:
+    """Continues at ``destination_instruction`` when value ``cond_value_index`` is false (``formats.control_flow``)."""
+
+    cond_value_index: int
+    destination_instruction: int
+
+    @property
+    def args(self) -> list[int]:
+        return [self.cond_value_index]
+
+    @args.setter
+    def args(self, v: list[int]) -> None:
+        (self.cond_value_index,) = v
+
+    @property
+    def outputs(self) -> list[int]:
+        return []
+
+    @outputs.setter
+    def outputs(self, v: list[int]) -> None:
+        if v:
+            raise ValueError("a jump has no outputs")
+
+
+@dataclass
 class InstructionDef:
-    call: KernelCallDef | DelegateCallDef
+    call: KernelCallDef | DelegateCallDef | MoveCallDef | JumpFalseCallDef
     node_name: str = ""
     debug_handle: int = 0
     source: str = ""
@@ -209,11 +261,16 @@ def is_view(ins: InstructionDef) -> bool:
     return isinstance(ins.call, KernelCallDef) and ins.call.kind == CALL_VIEW
 
 
+def is_control(ins: InstructionDef) -> bool:
+    """A jump or a move: no kernel, nothing logged (a move's target is logged as a program output, if one)."""
+    return isinstance(ins.call, (MoveCallDef, JumpFalseCallDef))
+
+
 def logged_values(plan: PlanDef) -> list[int]:
     """The one list of what a traced run of ``plan`` logs in the debug buffer, in order: its inputs, every output
     of every non-view instruction (an in-place op logs its slot again), then each program output no instruction
     logs. The tracer plans its logging from it; :func:`run_debug_bytes` sizes it."""
-    logged = [o for ins in plan.instructions if not is_view(ins) for o in ins.call.outputs]
+    logged = [o for ins in plan.instructions if not is_view(ins) and not is_control(ins) for o in ins.call.outputs]
     seen = set(logged)
     return [*plan.inputs, *logged, *(v for v in dict.fromkeys(plan.outputs) if v not in seen)]
 

@@ -22,9 +22,11 @@ from edgetorch.formats._program_defs import (
     DoubleListV,
     DtypeV,
     IntListV,
+    JumpFalseCallDef,
     KernelCallDef,
     LayoutV,
     MemoryFormatV,
+    MoveCallDef,
     OptionalTensorListV,
     PlanDef,
     ProgramDef,
@@ -218,7 +220,8 @@ def _write_delegates(b: flatbuffers.Builder, p: PlanDef) -> int:
     return _offset_vec(b, fb.ExecutionPlanStartDelegatesVector, del_offs)
 
 
-def _write_call(b: flatbuffers.Builder, c: KernelCallDef | DelegateCallDef) -> tuple[int, int]:
+def _write_call(b: flatbuffers.Builder, c: KernelCallDef | DelegateCallDef | MoveCallDef | JumpFalseCallDef
+                ) -> tuple[int, int]:
     """An instruction's call: (offset, union type)."""
     if isinstance(c, KernelCallDef):
         args = _int_vec(b, fb.KernelCallStartArgsVector, c.args)
@@ -229,6 +232,16 @@ def _write_call(b: flatbuffers.Builder, c: KernelCallDef | DelegateCallDef) -> t
         fb.KernelCallAddArgs(b, args)
         fb.KernelCallAddOutputs(b, outs)
         return fb.KernelCallEnd(b), fb.InstructionArguments.KernelCall
+    if isinstance(c, MoveCallDef):
+        fb.MoveCallStart(b)
+        fb.MoveCallAddMoveFrom(b, c.move_from)
+        fb.MoveCallAddMoveTo(b, c.move_to)
+        return fb.MoveCallEnd(b), fb.InstructionArguments.MoveCall
+    if isinstance(c, JumpFalseCallDef):
+        fb.JumpFalseCallStart(b)
+        fb.JumpFalseCallAddCondValueIndex(b, c.cond_value_index)
+        fb.JumpFalseCallAddDestinationInstruction(b, c.destination_instruction)
+        return fb.JumpFalseCallEnd(b), fb.InstructionArguments.JumpFalseCall
     args = _int_vec(b, fb.DelegateCallStartArgsVector, c.args)
     outs = _int_vec(b, fb.DelegateCallStartOutputsVector, c.outputs)
     fb.DelegateCallStart(b)

@@ -6,7 +6,8 @@ cannot make the runtime read memory nothing wrote or two live tensors share aren
   alias of the root of its first tensor argument; a use of an alias is a use of its root; inputs are live from
   -1, outputs until the end. The compiler's ``exir.memory_planning.verify_memory_plan`` uses the same function.
 * **no overlap** (``find_overlap``): no two planned values live at one instruction share arena bytes.
-* **def-use** (``check_plan``): a planned value is read only after an instruction wrote it, or it is an input;
+* **def-use** (``check_plan``): a planned value is read only after an instruction wrote it, or it is an input
+  (with jumps, on every path: ``formats.control_flow.check_paths``);
   kernel and delegate outputs are planned or mutable-buffer values (or views of written ones), view outputs are
   aliases;
   inputs are planned tensors (or the plain values export specialised), each named once; every output is defined;
@@ -21,6 +22,7 @@ import bisect
 from collections.abc import Iterator
 
 from edgetorch.errors import ProgramFormatError
+from edgetorch.formats import control_flow
 from edgetorch.formats import program as pf
 from edgetorch.formats._program_checks import _overlaps
 
@@ -188,6 +190,10 @@ def check_plan(plan: pf.PlanDef) -> None:
     for j, o in enumerate(plan.outputs):
         for t in tensor_ids(vals, o):
             _check_read(plan, t, root, written, made, -1 - j)
+    if control_flow.has_jumps(plan):  # written before in the instruction order is not enough: on every path
+        planned = {i for i, v in enumerate(vals) if isinstance(v, pf.TensorDef)
+                   and v.placement == pf.PLACEMENT_PLANNED and v.nbytes > 0}
+        control_flow.check_paths(plan, targs, root, planned)
     clash = find_overlap(plan, targs)
     if clash is not None:
         a, b, sa, sb = clash

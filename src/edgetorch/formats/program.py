@@ -34,6 +34,7 @@ from edgetorch.formats._program_defs import (
     CALL_KIND_NAMES,
     CALL_OUT,
     CALL_VIEW,
+    CONTROL_FLOW_VERSION,
     FB_IDENTIFIER,
     HEADER,
     HEADER_SIZE,
@@ -55,9 +56,11 @@ from edgetorch.formats._program_defs import (
     DtypeV,
     InstructionDef,
     IntListV,
+    JumpFalseCallDef,
     KernelCallDef,
     LayoutV,
     MemoryFormatV,
+    MoveCallDef,
     MutableBufferDef,
     OperatorDef,
     OptionalTensorListV,
@@ -69,6 +72,7 @@ from edgetorch.formats._program_defs import (
     TensorDef,
     TensorListV,
     Value,
+    is_control,
     is_view,
     logged_values,
     run_debug_bytes,
@@ -95,6 +99,7 @@ __all__ = [
     "CALL_KIND_NAMES",
     "CALL_OUT",
     "CALL_VIEW",
+    "CONTROL_FLOW_VERSION",
     "DelegateCallDef",
     "DeviceV",
     "DoubleListV",
@@ -107,6 +112,7 @@ __all__ = [
     "HEADER_VERSION",
     "InstructionDef",
     "IntListV",
+    "JumpFalseCallDef",
     "KernelCallDef",
     "LayoutV",
     "MAGIC",
@@ -114,6 +120,7 @@ __all__ = [
     "MAX_TENSOR_BYTES",
     "MUTABLE_ZERO_INIT",
     "MemoryFormatV",
+    "MoveCallDef",
     "MutableBufferDef",
     "OperatorDef",
     "OptionalTensorListV",
@@ -143,6 +150,7 @@ __all__ = [
     "decode_flatbuffer",
     "encode_flatbuffer",
     "hash_boundaries",
+    "is_control",
     "is_view",
     "logged_values",
     "read_header",
@@ -254,6 +262,10 @@ def _read_instruction(ins: Table, i: int, plan: str) -> InstructionDef:
         call = KernelCallDef(c.scalar(0, "i"), c.scalar(1, "b"), c.scalars(2, "i"), c.scalars(3, "i"))
     elif kind == fb.InstructionArguments.DelegateCall and c is not None:
         call = DelegateCallDef(c.scalar(0, "i"), c.scalars(1, "i"), c.scalars(2, "i"))
+    elif kind == fb.InstructionArguments.MoveCall and c is not None:
+        call = MoveCallDef(c.scalar(0, "i"), c.scalar(1, "i"))
+    elif kind == fb.InstructionArguments.JumpFalseCall and c is not None:
+        call = JumpFalseCallDef(c.scalar(0, "i"), c.scalar(1, "i"))
     else:
         raise ProgramFormatError(f"plan '{plan}': instruction {i} has unknown type tag {kind}",
                                  field=f"{plan}.instructions[{i}]")
@@ -324,6 +336,13 @@ def decode_flatbuffer(fbuf: bytes | memoryview) -> ProgramDef:
     except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
         raise ProgramFormatError(f"malformed program flatbuffer ({type(e).__name__}: {e})",
                                  field="flatbuffer") from None
+    if version < CONTROL_FLOW_VERSION:
+        for p in plans:
+            k = next((k for k, ins in enumerate(p.instructions) if is_control(ins)), None)
+            if k is not None:
+                raise ProgramFormatError(f"plan '{p.name}': instruction {k} jumps or moves, which schema version "
+                                         f"{version} does not have (from version {CONTROL_FLOW_VERSION})",
+                                         field=f"{p.name}.instructions[{k}]")
     return ProgramDef(plans, consts, dels, version, named)
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import threading
 import warnings
 from collections.abc import Callable
@@ -46,7 +45,11 @@ from edgetorch.formats import plan_check
 from edgetorch.formats import program as pf
 from edgetorch.formats.dtypes import CODE_TO_LAYOUT, CODE_TO_MEMORY_FORMAT, code_dtype
 from edgetorch.formats.operators import ZERO_FILLED_ALLOCATIONS
-from edgetorch.runtime import _treespec, _unplanned
+from edgetorch.runtime import _treespec, _unplanned, control_flow
+from edgetorch.runtime._arena import allocate_arena as _allocate_arena
+from edgetorch.runtime._arena import shape_text as _shape_text
+from edgetorch.runtime._arena import strided as _strided
+from edgetorch.runtime._arena import sym_sizes as _sym_sizes
 from edgetorch.runtime._copy import clone
 from edgetorch.runtime._inputs import bind_keywords, check_tensor_input
 from edgetorch.runtime._load_checks import check_kernel, check_operators, first_run_calls
@@ -153,6 +156,7 @@ class Method:
         self._calls: list[Callable[[], Any] | None] = []
         self._delegate_handles: dict[int, Any] = {}
         self._delegate_backends: dict[int, Any] = {}
+        self._jumps: dict[int, control_flow.Jump] = {}  # JUMP_FALSE instructions (torch.cond), by index
         with torch.no_grad():
             for k, ins in enumerate(plan.instructions):
                 self._calls.append(self._compile(k, ins))
@@ -256,6 +260,8 @@ class Method:
         c = ins.call
         if isinstance(c, pf.DelegateCallDef):
             return self._compile_delegate(k, ins)
+        if pf.is_control(ins):
+            return self._compile_control(k, ins)
         opdef = plan.operators[c.op_index]
         op = self._ops[c.op_index]
         pos, kw, out_args = self._bind(k, ins, op)
@@ -295,6 +301,12 @@ class Method:
             return self._folded(k, ins, op, call, out_tensors) if self._foldable(ins, op) else call
         raise ProgramFormatError(f"method '{self.name}': instruction {k} has unsupported call kind {kind}",
                                  field=f"{self.name}.instructions[{k}].kind")
+
+    def _compile_control(self, k: int, ins: pf.InstructionDef) -> Callable[[], Any]:
+        """A ``JUMP_FALSE`` or a ``MOVE`` (``runtime.control_flow``): checked, compiled, listed (logs nothing)."""
+        call, name, kind = control_flow.compile_control(self, k, ins)
+        self.instructions.append(InstructionInfo(k, name, ins.node_name, ins.debug_handle, ins.source, kind, []))
+        return call
 
     @staticmethod
     def _functional_copy(op: Any, fn: Callable[..., Any], pos: list, kw: dict,
@@ -589,6 +601,8 @@ class Method:
         """The run loop: every instruction that runs (VIEWs ran at load), in order, with the observer's hooks
         around the run and each instruction (``runtime.observer``). An instruction's error becomes a
         ``KernelError``; a hook's propagates as it is."""
+        if self._jumps:
+            return control_flow.run_with_jumps(self, self._fast, observer)
         before = after = None
         if observer is not None:
             observer.begin_run(self)
@@ -661,37 +675,6 @@ class Method:
 
 def _noop() -> None:
     """A folded instruction at run time: its outputs were computed at load."""
-
-
-def _allocate_arena(plan: pf.PlanDef) -> torch.Tensor:
-    try:
-        return torch.empty(plan.arena_size, dtype=torch.uint8)
-    except (RuntimeError, MemoryError) as e:  # a size the verifier accepted (Minimal) but memory cannot hold
-        raise ProgramFormatError(f"method '{plan.name}': cannot allocate its {plan.arena_size}-byte arena ({e})",
-                                 field=f"{plan.name}.arena_size") from None
-
-
-def _strided(base: torch.Tensor, sizes: Any, strides: Any, offset: int, what: str, fld: str) -> torch.Tensor:
-    """``as_strided`` with a typed error when the layout leaves its storage (what InternalConsistency refuses
-    before; under Minimal this is the check)."""
-    try:
-        return torch.as_strided(base, sizes, strides, offset)
-    except RuntimeError as e:
-        raise ProgramFormatError(f"{what} lies outside its storage ({str(e).splitlines()[0][:200]}) (the file is "
-                                 "inconsistent: corrupted or edited?)", field=fld) from None
-
-
-def _sym_sizes(v: pf.TensorDef) -> list:
-    try:
-        return json.loads(v.sym_shape)["sizes"]
-    except (ValueError, KeyError, TypeError):
-        return list(v.sizes)
-
-
-def _shape_text(info: TensorInfo, slot: torch.Tensor) -> str:
-    if not info.dynamic_dims:
-        return str(list(info.shape))
-    return " x ".join(f"<= {s}" if d in info.dynamic_dims else str(s) for d, s in enumerate(info.shape))
 
 
 def _zero_fill(out_tensors: list[torch.Tensor]) -> None:

@@ -32,6 +32,7 @@ from edgetorch.errors import EdgeTorchError
 from edgetorch.formats import etdump as ed
 from edgetorch.formats import program as pf
 from edgetorch.formats.alignment import debug_bytes
+from edgetorch.formats.control_flow import has_jumps
 from edgetorch.formats.dtypes import contiguous_strides, dtype_code
 from edgetorch.runtime._copy import clone
 from edgetorch.runtime._shapes import SymScalar
@@ -121,6 +122,8 @@ class _MethodTrace:
         self.method = method
         self.name = method.name
         code = method.plan.instructions  # the schema's codes, not the display strings of InstructionInfo
+        # with jumps, a step may not run: each output is logged when its instruction ran (never from a fixed plan)
+        self.branchy = has_jumps(method.plan)
         self.steps = [_Step(i.index, i.name, isinstance(code[i.index].call, pf.DelegateCallDef))
                       for i in sorted(method.instructions, key=lambda i: i.index) if not pf.is_view(code[i.index])]
         self.by_instruction: list[_Step | None] = [None] * len(method.plan.instructions)
@@ -176,8 +179,8 @@ class _MethodTrace:
         m = self.method
         v = m.plan.values[vid]
         cur = m.value(vid)
-        reshaped = bool(m.plan.symbols) and (bool(v.sym_shape) or v.placement == pf.PLACEMENT_ALIAS) \
-            if isinstance(v, pf.TensorDef) else False  # shapes set per run: logged as they are after the op
+        reshaped = (bool(m.plan.symbols) and (bool(v.sym_shape) or v.placement == pf.PLACEMENT_ALIAS)
+                    or (self.branchy and k >= 0)) if isinstance(v, pf.TensorDef) else False  # set per run
         if isinstance(v, pf.TensorDef) and v.placement in _STATIC_PLACEMENTS and isinstance(cur, torch.Tensor) \
                 and not reshaped:
             return self._static_out(step, j, vid, name, cur, logs)
@@ -260,6 +263,7 @@ class _ExecRun:
     extra: dict[int, list[ed.Event]] = field(default_factory=dict)  # instruction id -> delegate/dynamic events
     inputs: list[ed.Event] = field(default_factory=list)  # one debug event per method input
     dynamic: dict[int, ed.Value] = field(default_factory=dict)  # vid -> value its last writer logged
+    ran: list[int] = field(default_factory=list)  # a method with jumps: the instructions that ran, in order
     start: int = 0
     end: int = 0
 
@@ -278,7 +282,8 @@ class _ExecRun:
     def to_run_data(self) -> ed.RunData:
         mt, times = self.trace, self.times
         events: list[ed.Event] = list(self.inputs)
-        for i, step in enumerate(mt.steps):
+        steps = [mt.by_instruction[k] for k in self.ran] if mt.branchy else mt.steps  # the steps that ran
+        for i, step in enumerate(steps):
             k = step.instruction
             events.append(ed.Event(profile_event=ed.ProfileEvent(step.name, 0, k, start_time=times[2 * i],
                                                                  end_time=times[2 * i + 1])))
@@ -286,7 +291,8 @@ class _ExecRun:
             events.extend(self._debug(o, 0, k, False) for o in step.outs if not o.dynamic)
         events.extend(self._debug(o, -1, -1, True) for o in mt.program_outs if not o.dynamic)
         events.extend(ed.Event(debug_event=ed.DebugEvent(-1, -1, -1, "", replace(self.dynamic[o.vid], output=True),
-                                                         o.index, o.name)) for o in mt.program_outs if o.shared)
+                                                         o.index, o.name)) for o in mt.program_outs
+                      if o.shared and o.vid in self.dynamic)  # (with jumps, its writer may not have run)
         events.extend(self.extra.get(-1, ()))
         events.append(ed.Event(profile_event=ed.ProfileEvent(ed.METHOD_EXECUTE, -1, -1, start_time=self.start,
                                                              end_time=self.end)))
@@ -357,6 +363,7 @@ class ProgramTracer:
     def _idle(self) -> None:
         """No run in progress: forgets the state of the last one."""
         self._run: _ExecRun | None = None
+        self._ran: Callable[[int], None] | None = None  # a method with jumps: notes each instruction that runs
         self._stamp: Callable[[int], None] = _no_stamp  # appends a clock read to the run's times
         self._steps: list[_Step | None] = []  # the running method's steps, by instruction id
         self._writer: Writer | InlineWriter | None = None  # the running debug-buffer writer
@@ -432,6 +439,7 @@ class ProgramTracer:
             self._mark = sink.used_bytes
             self._writer = Writer(sink) if mt.run_bytes >= ASYNC_MIN_BYTES else InlineWriter(sink)
         self._run, self._steps, self._stamp = run, mt.by_instruction, run.times.append
+        self._ran = run.ran.append if mt.branchy else None
         if sink is not None:  # what each logged blob calls: its offset, noted in the run, queued for the writer
             self._alloc, self._note, self._put = sink.alloc, run.offsets.append, self._writer.q.put
         try:
@@ -449,6 +457,8 @@ class ProgramTracer:
             self._writer.wait(need)  # the instruction overwrites arena bytes not yet copied
         if step.delegate:
             self._delegate_k = k
+        if self._ran is not None:
+            self._ran(k)
         self._stamp(_clock())
 
     def after_instruction(self, k: int) -> None:

@@ -21,7 +21,7 @@ from torch.export import ExportedProgram
 from edgetorch._version import __version__
 from edgetorch.devtools.etrecord._handle_tables import encode_groups
 from edgetorch.devtools.etrecord._program_serde import ProgramDataError, serialize_program
-from edgetorch.devtools.etrecord._reference import encode_handles, encode_reference
+from edgetorch.devtools.etrecord._reference import ControlFlowProgram, encode_handles, encode_reference
 from edgetorch.devtools.etrecord._tensors import (
     ALIGNMENT,
     TensorBlobWriter,
@@ -123,7 +123,8 @@ def _views(rec: RecordContents, blobs: TensorBlobWriter) -> list[Entry]:
             try:
                 data = _json_bytes(encode(ep, m))
             except Exception as e:  # an optional view never makes saving fail
-                say = log.debug if index_name == GRAPH_MAP_REFERENCE_INDEX else log.warning  # graph_map: any program
+                quiet = index_name == GRAPH_MAP_REFERENCE_INDEX or isinstance(e, ControlFlowProgram)  # expected
+                say = log.debug if quiet else log.warning  # graph_map: any program; torch.cond: read in full
                 say("ETRecord: no %s stored for method %r (%s: %s); readers will rebuild it from the full program",
                     what, m, type(e).__name__, e)
                 continue

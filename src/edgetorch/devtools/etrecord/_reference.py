@@ -182,6 +182,8 @@ def encode_reference(ep: Any, method: str, add_tensor: Callable[[torch.Tensor, s
     in its place."""
     from torch.export.graph_signature import InputKind, OutputKind
 
+    if _has_cond(ep):
+        raise ControlFlowProgram("a program with torch.cond is read from the full program")
     ep = _flat(ep)
     sig = ep.graph_signature
     traces, stacks = Table(), Table()
@@ -359,8 +361,25 @@ def _apply_meta(node: torch.fx.Node, meta: Any, traces: list[str], stacks: list[
         node.meta["val"] = val
 
 
+class ControlFlowProgram(UnsupportedValueError):
+    """A program with ``torch.cond``: no compact graph is stored (its branches are graphs of their own); readers
+    use the full program (``reference_from_program``)."""
+
+
+def _has_cond(ep: Any) -> bool:
+    return any(n.op == "call_function" and n.target is torch.ops.higher_order.cond for n in ep.graph.nodes)
+
+
 def reference_from_program(ep: Any, method: str) -> torch.fx.GraphModule:
-    """The reference graph of an in-memory ATen program (its tensors are used as they are)."""
+    """The reference graph of an in-memory ATen program (its tensors are used as they are). A program with
+    ``torch.cond`` gives its unlifted module (``ExportedProgram.module()``: user inputs as placeholders, the state
+    as attributes, each cond with its branch modules), which the gap walk runs branch by branch."""
+    if _has_cond(ep):
+        gm = _flat(ep).module()
+        for n in [n for n in gm.graph.nodes if n.op == "call_module" and not n.users]:
+            gm.graph.erase_node(n)  # torch's input guards (_guards_fn): the Inspector passes the recorded inputs
+        gm.recompile()
+        return gm
     tensors: list[torch.Tensor] = []
 
     def add(t: torch.Tensor, what: str) -> int:
@@ -382,7 +401,8 @@ def encode_handles(ep: Any, method: str) -> dict[str, Any]:
     ep = _flat(ep)
     traces, stacks = Table(), Table()
     rows: list[list[Any]] = []
-    order = {n: i for i, n in enumerate(ep.graph.nodes)}
+    order = {n: i for i, n in enumerate(n for g in ep.graph_module.modules() if isinstance(g, torch.fx.GraphModule)
+                                        for n in g.graph.nodes)}  # torch.cond branches after the graph
     for h, n in sorted(((h, n) for h, ns in nodes_by_handle(ep.graph).items() for n in ns),
                        key=lambda x: order[x[1]]):
         t = n.target

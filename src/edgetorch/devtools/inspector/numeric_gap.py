@@ -51,6 +51,7 @@ import torch
 import torch.fx
 
 from edgetorch.devtools.inspector import noise as _noise
+from edgetorch.devtools.inspector._control_flow import inline_taken_branches
 from edgetorch.devtools.inspector._frame import GapFrame
 from edgetorch.devtools.inspector._graph_writes import is_uninitialised, is_view, written_in_place
 from edgetorch.devtools.inspector._recording_check import check_node_value
@@ -669,6 +670,7 @@ def compute_numeric_gap(reference: torch.fx.GraphModule, inputs: tuple, entries:
     attributes its in-place ops wrote), so a replay across calls needs no second forward pass.
     ``runtime_state``: the runtime's values of those attributes before this run, which the local re-runs read
     (by default the reference's own)."""
+    reference = inline_taken_branches(reference, inputs)  # torch.cond: the ops of the branch taken, by handle
     last, nodes = reference_handles(reference)
     j = _Join(last, nodes, {h: i for i, h in enumerate(last)})
     cov = Coverage(runtime_total=len(entries), aot_total=len(last))

@@ -68,6 +68,8 @@ class InstructionArguments(object):
     NONE = 0
     KernelCall = 1
     DelegateCall = 2
+    MoveCall = 3
+    JumpFalseCall = 4
 
 
 class Tensor(object):
@@ -1312,6 +1314,106 @@ def DelegateCallStartOutputsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def DelegateCallEnd(builder):
+    return builder.EndObject()
+
+
+
+class MoveCall(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = MoveCall()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsMoveCall(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def MoveCallBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x45\x44\x54\x50", size_prefixed=size_prefixed)
+
+    # MoveCall
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # MoveCall
+    def MoveFrom(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # MoveCall
+    def MoveTo(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def MoveCallStart(builder):
+    builder.StartObject(2)
+
+def MoveCallAddMoveFrom(builder, moveFrom):
+    builder.PrependInt32Slot(0, moveFrom, 0)
+
+def MoveCallAddMoveTo(builder, moveTo):
+    builder.PrependInt32Slot(1, moveTo, 0)
+
+def MoveCallEnd(builder):
+    return builder.EndObject()
+
+
+
+class JumpFalseCall(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = JumpFalseCall()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsJumpFalseCall(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    @classmethod
+    def JumpFalseCallBufferHasIdentifier(cls, buf, offset, size_prefixed=False):
+        return flatbuffers.util.BufferHasIdentifier(buf, offset, b"\x45\x44\x54\x50", size_prefixed=size_prefixed)
+
+    # JumpFalseCall
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # JumpFalseCall
+    def CondValueIndex(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # JumpFalseCall
+    def DestinationInstruction(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def JumpFalseCallStart(builder):
+    builder.StartObject(2)
+
+def JumpFalseCallAddCondValueIndex(builder, condValueIndex):
+    builder.PrependInt32Slot(0, condValueIndex, 0)
+
+def JumpFalseCallAddDestinationInstruction(builder, destinationInstruction):
+    builder.PrependInt32Slot(1, destinationInstruction, 0)
+
+def JumpFalseCallEnd(builder):
     return builder.EndObject()
 
 
