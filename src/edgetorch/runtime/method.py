@@ -558,7 +558,7 @@ class Method:
                     self._run(self._observer)
                 finally:
                     self._fast = fast
-                if len(self._runs_checked) < 1024:
+                if len(self._runs_checked) < 1024 and not self._jumps:  # with jumps, a branch may not have run yet
                     self._runs_checked.add(run)
             if not self._shapes_checked:
                 self._check_planned_shapes()
