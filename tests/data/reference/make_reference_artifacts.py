@@ -18,7 +18,8 @@ figures edgetorch's Inspector is compared against (``gaps_edge``: the same table
 files written since the llama was added; ``reference_failure``: the error where the reference Inspector raises).
 ``faults/`` holds planted faults (one parameter perturbed
 before export, run by the reference runtime; ``index.json`` lists them with the reference Inspector's
-largest-gap row). ``llama`` is a KV-cache llama (caches as buffers written in place, one token per call);
+largest-gap row; ``pte_faults``: the same noise written into a constant's bytes of the clean ``.pte``,
+``pte_index.json``). ``llama`` is a KV-cache llama (caches as buffers written in place, one token per call);
 ``llama_tokens`` runs its programs once per token into one ETDump. Models are tiny (fixed seeds) so the files
 stay small.
 """
@@ -504,6 +505,100 @@ def make_fault(model_name: str, backend: str, param: str, out: str) -> dict:
             "reference_top1_by_gap": list(top["aot_debug_handle"]), "reference_rows": len(df)}
 
 
+def _constant_layouts(p: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The byte layouts a float parameter may be stored in by the reference's exporters: as is, transposed (a
+    linear's weight) and channels-last (XNNPACK's convolution weights)."""
+    layouts = [("as is", p)]
+    if p.dim() == 2:
+        layouts.append(("transposed", p.t()))
+    if p.dim() == 4:
+        layouts.append(("channels last", p.permute(0, 2, 3, 1)))
+    return layouts
+
+
+def make_pte_fault(model_name: str, backend: str, param: str, out: str) -> dict | None:
+    """One planted fault made in the clean ``<name>.pte`` itself: the bytes of ``param``'s constant (found by
+    content, in the layout the exporter stored it; None if they are not stored once and whole, e.g. a
+    batch-norm weight fused into a convolution) get the noise ``make_fault`` adds before export, written back
+    in place; the edited program runs on the reference runtime, debugged against the clean ETRecord."""
+    from executorch.devtools import Inspector
+    from executorch.runtime import Runtime
+
+    name = f"{model_name}_{backend}"
+    with open(os.path.join(out, f"{name}.pte"), "rb") as f:
+        data = bytearray(f.read())
+    model, inputs = build(model_name)
+    p = model.get_parameter(param).detach()
+    g = torch.Generator().manual_seed(sum(map(ord, param)))
+    noise = 0.05 * p.abs().mean() * torch.randn(p.shape, generator=g)
+    for layout, view in _constant_layouts(p):
+        raw = view.contiguous().numpy().tobytes()
+        at = data.find(raw)
+        if at >= 0 and data.find(raw, at + 1) < 0:
+            break
+    else:
+        return None
+    noisy = (p + noise)
+    view = dict(_constant_layouts(noisy))[layout]
+    data[at:at + len(raw)] = view.contiguous().numpy().tobytes()
+    stem = os.path.join(out, "faults", f"{name}__{param}__pte")
+    with open(stem + ".pte", "wb") as f:
+        f.write(bytes(data))
+    program = Runtime.get().load_program(stem + ".pte", enable_etdump=True, debug_buffer_size=64 << 10)
+    program.load_method("forward").execute(list(inputs))
+    program.write_etdump_result_to_file(stem + ".etdp", stem + "_debug.bin")
+    inspector = Inspector(etdump_path=stem + ".etdp", etrecord=os.path.join(out, f"{name}_etrecord.bin"),
+                          debug_buffer_path=stem + "_debug.bin")
+    try:
+        df = inspector.calculate_numeric_gap("MSE")
+        top, failure = list(df.iloc[int(df["gap"].map(lambda gap: gap[0]).values.argmax())]["aot_debug_handle"]), None
+    except ValueError as e:  # the reference Inspector pairs tensors of different shapes on some programs
+        df, top, failure = (), None, f"{type(e).__name__}: {str(e)[:200]}"
+    gzip_file(stem + "_debug.bin")
+    os.remove(stem + ".pte")
+    return {"model": model_name, "backend": backend, "param": param, "layout": layout, "pte_offset": at,
+            "etdump": os.path.basename(stem) + ".etdp", "debug_buffer": os.path.basename(stem) + "_debug.bin.gz",
+            "reference_top1_by_gap": top, "reference_failure": failure, "reference_rows": len(df)}
+
+
+#: faults made in the clean .pte: every FAULTS parameter, plus the portable CNN and MobileNet and a few biases
+PTE_FAULTS = FAULTS + [("cnn", "portable", ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight",
+                                            "fc.bias"]),
+                       ("mlp", "xnnpack", ["fc1.bias", "fc2.bias"]),
+                       ("mobilenet", "portable", ["stem.weight", "expand.weight", "dw.weight", "project.weight",
+                                                  "head.weight"]),
+                       ("vit2h", "xnnpack", ["pos", "proj.weight", "qkv.bias"])]
+
+
+def _clean_run_error(name: str, model_name: str, out: str) -> float:
+    """The largest absolute difference between the clean ``<name>.pte`` run by the reference runtime and eager."""
+    from executorch.runtime import Runtime
+
+    model, inputs = build(model_name)
+    got = Runtime.get().load_program(os.path.join(out, f"{name}.pte")).load_method("forward").execute(list(inputs))
+    with torch.no_grad():
+        return float((got[0] - model(*inputs)).abs().max())
+
+
+def make_pte_faults(out: str) -> None:
+    """``faults/pte_index.json``: each ``PTE_FAULTS`` parameter whose constant the clean program stores once and
+    whole, perturbed in the ``.pte`` (``make_pte_fault``). Skipped, with the reason: a parameter not stored whole
+    (fused), and every parameter of a program whose clean run already differs from eager by more than 1e-4 (a
+    plant there would not be the only fault)."""
+    os.makedirs(os.path.join(out, "faults"), exist_ok=True)
+    made, skipped, wrong = [], [], {}
+    for m, b, params in PTE_FAULTS:
+        name = f"{m}_{b}"
+        if name not in wrong:
+            wrong[name] = _clean_run_error(name, m, out)
+        for param in params:
+            f = None if wrong[name] > 1e-4 else make_pte_fault(m, b, param, out)
+            (made.append(f) if f else skipped.append(f"{name}:{param}"))
+    with open(os.path.join(out, "faults", "pte_index.json"), "w") as f:
+        json.dump({"faults": made, "skipped": skipped, "clean_run_max_abs_error": wrong}, f, indent=1)
+    print(len(made), "faults made in the .pte,", len(skipped), "skipped:", skipped, "clean runs:", wrong)
+
+
 def gzip_file(path: str) -> None:
     """Replaces ``path`` by ``path.gz`` (reproducible: no time stamp); the reference writes the whole debug
     buffer, zero tail included, which compresses to almost nothing."""
@@ -537,11 +632,14 @@ def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     os.makedirs(out, exist_ok=True)
     everything = ["mlp", "cnn", "mobilenet", "vit", "vit2h", "cnn_int8", "faults", "multirun", "extras",
-                  "multimethod", "llama", "llama_tokens"]
+                  "multimethod", "llama", "llama_tokens", "pte_faults"]
     models = sys.argv[2].split(",") if len(sys.argv) > 2 else everything
     for model_name in models:
         if model_name == "faults":
             make_faults(out)
+            continue
+        if model_name == "pte_faults":
+            make_pte_faults(out)
             continue
         if model_name == "multirun":
             make_multirun(out)
