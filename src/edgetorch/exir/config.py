@@ -67,6 +67,15 @@ class ExecutorchBackendConfig:
     (the example inputs' sizes: a smaller arena, and the runtime refuses a dim above the example's), both from
     ``exir.passes.sym_shape_eval_pass``; or a dict method name -> one of them (a method not named gets the
     default). Anything else is refused (``ExportError`` naming the field).
+    ``segment_alignment`` / ``constant_tensor_alignment`` / ``delegate_alignment``: edgetorch's file starts every
+    constant and delegate blob on a 64-byte boundary of the file (``formats.alignment.ALIGNMENT``), so None (the
+    default) or a power of two dividing 64 is met as it is; a wider one is refused (``ExportError``), since the
+    layout cannot honour it.
+    ``remove_view_copy``: only True: view ops are always emitted as load-time aliases of their base (no copy).
+    ``enable_non_cpu_memory_planning``: True or False, the same plan: edgetorch plans one CPU arena per method and
+    no tensor of its programs lives on another device.
+    ``external_constants`` / ``external_mutable_weights``: only False: every constant and initial buffer value is
+    stored in the .pte itself (edgetorch writes no separate .ptd data file).
     """
 
     alignment: int = 64
@@ -78,6 +87,13 @@ class ExecutorchBackendConfig:
     emit_mutable_buffer_names: bool = True
     to_out_var_pass: object = None
     sym_shape_eval_pass: SymShapeEvalPass | dict = field(default_factory=ConstraintBasedSymShapeEvalPass)
+    segment_alignment: int | None = None
+    constant_tensor_alignment: int | None = None
+    delegate_alignment: int | None = None
+    remove_view_copy: bool = True
+    enable_non_cpu_memory_planning: bool = True
+    external_constants: object = False
+    external_mutable_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.memory_planning_algo not in ALGORITHMS:
@@ -98,6 +114,7 @@ class ExecutorchBackendConfig:
             raise ExportError("ExecutorchBackendConfig.to_out_var_pass: edgetorch's emitter picks each op's out "
                               "variant itself, so this pass would never run; leave it None")
         _check_sym_shape_eval_pass(self.sym_shape_eval_pass)
+        _check_layout_fields(self)
         if not isinstance(self.passes, (list, tuple)) or not all(callable(p) for p in self.passes):
             raise ExportError("ExecutorchBackendConfig.passes must be a list of graph passes (callables taking a "
                               "torch.fx.GraphModule)")
@@ -137,3 +154,29 @@ def _check_sym_shape_eval_pass(p: object) -> None:
             raise ExportError(f"ExecutorchBackendConfig.sym_shape_eval_pass{where}: {one!r} is not one edgetorch "
                               "plans with: ConstraintBasedSymShapeEvalPass() or HintBasedSymShapeEvalPass() from "
                               f"edgetorch.exir.passes.sym_shape_eval_pass{hint}, or a dict method name -> one")
+
+
+def _check_layout_fields(config: ExecutorchBackendConfig) -> None:
+    for name in ("segment_alignment", "constant_tensor_alignment", "delegate_alignment"):
+        a = getattr(config, name)
+        if a is None:
+            continue
+        if isinstance(a, bool) or not isinstance(a, int) or a < 1 or a & (a - 1):
+            raise ExportError(f"ExecutorchBackendConfig.{name} {a!r}: a power of two (or None)")
+        if ALIGNMENT % a:
+            raise ExportError(f"ExecutorchBackendConfig.{name}={a}: edgetorch's file layout starts every constant "
+                              f"and delegate blob on a {ALIGNMENT}-byte boundary and cannot honour a wider one "
+                              f"(None, or a power of two up to {ALIGNMENT}, is met as it is)")
+    only = {"remove_view_copy": True, "enable_non_cpu_memory_planning": None, "external_constants": False,
+            "external_mutable_weights": False}
+    why = {"remove_view_copy": "edgetorch always emits a view op as a load-time alias of its base (no copy)",
+           "external_constants": "edgetorch stores every constant in the .pte itself (no separate .ptd file)",
+           "external_mutable_weights": "edgetorch stores every initial buffer value in the .pte itself (no "
+                                       "separate .ptd file)"}
+    for name, value in only.items():
+        v = getattr(config, name)
+        if not isinstance(v, bool):
+            raise ExportError(f"ExecutorchBackendConfig.{name} must be True or False, got {v!r}"
+                              + (f" ({why[name]})" if name in why else ""))
+        if value is not None and v != value:
+            raise ExportError(f"ExecutorchBackendConfig.{name}={v}: {why[name]}")
