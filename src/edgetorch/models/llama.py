@@ -319,12 +319,15 @@ def llama_example_inputs(cfg: LlamaConfig = LLAMA_TINY) -> dict[str, tuple[torch
 
 
 def llama_method_inputs(
-    cfg: LlamaConfig = LLAMA_TINY, prompt_len: int = EXAMPLE_PROMPT_LEN
+    cfg: LlamaConfig = LLAMA_TINY, prompt_len: int = EXAMPLE_PROMPT_LEN, one_graph: bool = False
 ) -> dict[str, tuple[torch.Tensor, ...]]:
     """Example inputs of the two LLM methods.
 
     ``prefill``: (tokens (1, T), arange(T)); ``decode``: (tokens (1, 1), tensor([T])),
-    i.e. the first decode step after a ``T``-token prompt.
+    i.e. the first decode step after a ``T``-token prompt. ``one_graph``: ``decode`` gets the prefill's inputs
+    (with ``llama_dynamic_shapes(one_graph=True)`` both methods export the same dynamic-length graph, which a
+    backend lowers once: the ORT delegate then serves both methods from one session, one copy of its packed
+    weights; docs/performance.md, *ORT resident memory*).
     """
     if not 1 <= prompt_len < cfg.max_seq_len:
         raise ValueError(f"prompt_len must be in [1, {cfg.max_seq_len}), got {prompt_len}")
@@ -332,21 +335,20 @@ def llama_method_inputs(
     next_token = example_prompt(cfg, 1, seed=LLAMA_INPUT_SEED + 1)
     return {
         "prefill": (prompt, torch.arange(prompt_len)),
-        "decode": (next_token, torch.tensor([prompt_len])),
+        "decode": (prompt, torch.arange(prompt_len)) if one_graph else (next_token, torch.tensor([prompt_len])),
     }
 
 
-def llama_dynamic_shapes(cfg: LlamaConfig = LLAMA_TINY) -> dict[str, dict | None]:
+def llama_dynamic_shapes(cfg: LlamaConfig = LLAMA_TINY, one_graph: bool = False) -> dict[str, dict | None]:
     """``dynamic_shapes`` for ``torch.export.export`` per method.
 
     ``prefill``: the prompt length is ``Dim("seq_len", min=PREFILL_MIN_LEN, max=max_seq_len)``
-    shared by ``tokens`` dim 1 and ``input_pos`` dim 0; ``decode``: static (``None``).
+    shared by ``tokens`` dim 1 and ``input_pos`` dim 0; ``decode``: static (``None``), or with ``one_graph``
+    the prefill's (see :func:`llama_method_inputs`).
     """
     seq_len = torch.export.Dim("seq_len", min=PREFILL_MIN_LEN, max=cfg.max_seq_len)
-    return {
-        "prefill": {"tokens": {1: seq_len}, "input_pos": {0: seq_len}},
-        "decode": None,
-    }
+    prefill = {"tokens": {1: seq_len}, "input_pos": {0: seq_len}}
+    return {"prefill": prefill, "decode": prefill if one_graph else None}
 
 
 def export_llama(

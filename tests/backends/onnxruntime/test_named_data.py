@@ -170,3 +170,29 @@ def test_a_table_only_gather_reads_is_bound_in_place_not_copied(tmp_path):
                 torch.testing.assert_close(got[ops, method, "feeds"], model(tokens), rtol=1e-4, atol=1e-4)
         finally:
             set_runtime_options(in_place_ops=None)
+
+
+def test_methods_lowering_the_same_graph_share_one_session(shared, tmp_path):
+    """Two methods exported from one dynamic graph store its blob once and run it on one ORT session (one copy
+    of the packed weights); methods with different graphs keep their own sessions."""
+    model, static, _ = shared
+    ep = torch.export.export(model, (torch.randn(8, DIM),),
+                             dynamic_shapes=({0: torch.export.Dim("rows", min=1, max=16)},))
+    prog = to_edge({"prefill": ep, "decode": ep}, compile_config=EdgeCompileConfig(_check_ir_validity=False)
+                   ).to_backend(OrtPartitioner()).to_executorch()
+    assert len(pf.decode_flatbuffer(prog.buffer[pf.HEADER_SIZE:]).delegate_data) == 1
+    path = tmp_path / "one_graph.pte"
+    path.write_bytes(prog.buffer)
+    sessions = []
+    for buffer, same in ((str(path), True), (prog.buffer, True), (static.buffer, False)):
+        loaded = Runtime.get().load_program(buffer)
+        pre, dec = loaded.load_method("prefill"), loaded.load_method("decode")
+        (hp,), (hd,) = pre._delegate_handles.values(), dec._delegate_handles.values()
+        assert hp is not hd and (hp.session is hd.session) == same
+        sessions.append(hd.session)
+        for _ in range(2):  # alternating methods on the shared session
+            for m, rows in ((pre, 8), (dec, 1)):
+                x = torch.randn(rows, DIM)
+                torch.testing.assert_close(m.execute([x])[0], model(x), rtol=1e-4, atol=1e-4)
+    other = Runtime.get().load_program(str(path)).load_method("decode")
+    assert next(iter(other._delegate_handles.values())).session is not sessions[0]  # one cache per program

@@ -12,11 +12,13 @@ embedding was copied by each of the two methods' sessions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
-__all__ = ["IN_PLACE_OPS", "in_place_weights", "rewrite", "inline"]
+__all__ = ["IN_PLACE_OPS", "in_place_weights", "rewrite", "inline", "shared_session"]
 
 #: ops that read a weight without ORT prepacking it (the ``in_place_ops`` runtime option overrides it)
 IN_PLACE_OPS = frozenset({"Gather"})
@@ -68,3 +70,23 @@ def inline(model: bytes, arrays: Mapping[str, np.ndarray]) -> bytes:
             t.data_location = onnx.TensorProto.DEFAULT
             t.raw_data = arrays[t.name].tobytes()
     return proto.SerializeToString()
+
+
+def shared_session(named_data: object, blob: memoryview | bytes, options: Mapping[str, str],
+                   build: Callable[[], Any]) -> Any:
+    """The plain session of a delegate, shared by every delegate of the same program whose blob has the same
+    content and the same runtime options (``build()`` makes it the first time).
+
+    A multi-method program whose methods lower the same graph (an LLM's prefill and decode exported from one
+    dynamic-length graph) stores the blob once and both methods' delegates point at it: one ORT session, one
+    copy of the prepacked weights (``MatMulNBits`` packs its own per session, and ORT's Python API cannot share
+    prepacked weights between sessions). The cache lives on the loaded program (the owner of ``named_data``):
+    it goes with it. Without a program (``named_data`` not a bound method of one), nothing is shared."""
+    owner = getattr(named_data, "__self__", None)
+    if owner is None or not hasattr(owner, "__dict__"):
+        return build()
+    key = (hashlib.sha256(blob).hexdigest(), tuple(sorted(options.items())))
+    cache = owner.__dict__.setdefault("_onnxruntime_sessions", {})
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]

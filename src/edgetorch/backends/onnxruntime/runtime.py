@@ -202,7 +202,8 @@ class OrtDelegate:
         self._bound: list[str] = []  # weights the plain model reads as graph inputs (``_weights``)
         self._plain_bytes = self._plain_model()
         try:
-            self.session = self._make_session(self._plain_bytes)
+            self.session = _weights.shared_session(named_data, processed, self.options,
+                                                   lambda: self._make_session(self._plain_bytes))
         except Exception as e:
             raise _blob.OrtBlobError(f"ONNX Runtime rejected the model: {type(e).__name__}: {e}",
                                      field="model") from e
