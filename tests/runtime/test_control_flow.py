@@ -209,6 +209,23 @@ def _inspect_one_branch(program, model, positive: bool, tmp_path) -> None:
     assert len(branch) == 1  # the branch op's row carries its debug handle, the one its instruction has
 
 
+def test_runs_of_both_branches_in_one_etdump(program, tmp_path):
+    """Two calls taking different branches are two event blocks; ``run=k`` still names the k-th call."""
+    from edgetorch.devtools import Inspector
+    et, path = program
+    prog = Runtime.get().load_program(str(path), enable_etdump=True, debug_buffer_size="auto")
+    method = prog.load_method("forward")
+    for positive in (True, False):
+        method.execute(*_inputs(positive))
+    prog.write_etdump_result_to_file(tmp_path / "e.etdp", tmp_path / "e.bin")
+    rec = et.get_etrecord()
+    rec.update_representative_inputs([_inputs(True), _inputs(False)])
+    insp = Inspector(etdump_path=tmp_path / "e.etdp", etrecord=rec, debug_buffer_path=tmp_path / "e.bin")
+    for run, op in ((0, "sigmoid"), (1, "tanh")):
+        df = insp.calculate_numeric_gap("MSE", run=run)
+        assert op in {o for ops in df["aot_ops"] for o in ops} and insp.find_culprits(df).empty
+
+
 # -- hostile files ------------------------------------------------------------------------------------
 def _first(plan: pf.PlanDef, cls: type) -> tuple[int, object]:
     return next((k, i.call) for k, i in enumerate(plan.instructions) if isinstance(i.call, cls))

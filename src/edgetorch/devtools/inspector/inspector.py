@@ -468,11 +468,15 @@ class Inspector:
     def _stateful_execution(self, method: str, run: int, reference_graph: str | None) -> int | None:
         """For a program with mutable state (a KV cache), the global execution index of ``method``'s call ``run``
         when earlier calls changed the state it started from (issue 23: ``run=k`` compared call k against a
-        reference run from the initial state); None when the state is the initial one (or there is none)."""
+        reference run from the initial state); None when the state is the initial one (or there is none). Also
+        when the method's runs fall into several event blocks (the runs of a ``torch.cond`` program that took
+        different branches): call ``run`` is then found among all of them."""
         from edgetorch.devtools.inspector.generation import _state_targets
 
         gm, _ = self.reference_module(method, reference_graph)
-        if not _state_targets(gm):
+        blocks = [b for b in self.event_blocks if b.method == method and b.name != ed.LOAD_BLOCK
+                  and any(e.instruction_id is not None for e in b.events)]
+        if not _state_targets(gm) and len(blocks) <= 1:  # torch.cond: runs of two branches are two blocks
             return None
         found = next((e.index for e in self.executions if e.method == method and e.run == run), None)
         if found is None:
