@@ -41,6 +41,21 @@ def _bench():
 
 
 B = _bench()
+_PROGRAMS: dict[tuple[str, str], object] = {}  # one export per (family, backend), shared by this module's tests
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_programs():
+    yield
+    _PROGRAMS.clear()
+
+
+def _program(family: str, backend: str):
+    """``B.export(family, backend)`` once per module: the tests only read the program (a planted fault is written
+    into a copy of its bytes, a kernel fault into the loaded method), as each test already does site after site."""
+    if (family, backend) not in _PROGRAMS:
+        _PROGRAMS[family, backend] = B.export(family, backend)
+    return _PROGRAMS[family, backend]
 
 
 def test_rel_error_and_unit_roundoff_against_numpy():
@@ -143,7 +158,7 @@ def test_multi_output_before_the_fix_would_have_charged_the_downstream_op():
                                             ("vit_tiny", "ort"), ("bert", "ort"), ("gpt2", "portable")])
 def test_clean_fp32_programs_name_no_culprit(family, backend):
     pytest.importorskip("transformers") if family in B.HF else None
-    prog = B.export(family, backend)
+    prog = _program(family, backend)
     insp, df = B.debug_run(prog, prog.pte)
     assert insp.find_culprits(df, top=100).empty
     assert set(df["verdict"]) <= {"exact", "noise"}
@@ -163,7 +178,7 @@ def test_clean_fp32_programs_name_no_culprit(family, backend):
                                             ("small_cnn", "portable")])
 @pytest.mark.parametrize("size", [1e-3, 1e-5])
 def test_planted_weight_fault_is_the_first_culprit(family, backend, size):
-    prog = B.export(family, backend)
+    prog = _program(family, backend)
     sites = B.weight_sites(prog, 2)
     assert sites
     for site in sites:
@@ -175,7 +190,7 @@ def test_planted_weight_fault_is_the_first_culprit(family, backend, size):
 
 
 def test_fault_at_the_delegates_last_op_names_the_inner_row_not_the_delegate_call():
-    prog = B.export("mlp", "ort")
+    prog = _program("mlp", "ort")
     last = "fc3.weight"  # fc3 is the delegate's last op: its output is the DELEGATE_CALL's output
     insp, df = B.debug_run(prog, B.perturb_weights(prog, [last], 1e-3))
     delegate_rows = df[[ops == ["DELEGATE_CALL"] for ops in df["runtime_ops"]]]
@@ -190,7 +205,7 @@ def test_fault_at_the_delegates_last_op_names_the_inner_row_not_the_delegate_cal
 
 
 def test_kernel_faults_input_dependent_and_two_at_once():
-    prog = B.export("small_cnn", "portable")
+    prog = _program("small_cnn", "portable")
     for k in B.kernel_sites(prog, 2):
         for dep in (False, True):
             insp, df = B.debug_run(prog, prog.pte, B.kernel_patch(k, 1e-4, input_dependent=dep))
@@ -204,7 +219,7 @@ def test_kernel_faults_input_dependent_and_two_at_once():
 
 
 def test_find_culprits_arguments_are_checked():
-    prog = B.export("mlp", "portable")
+    prog = _program("mlp", "portable")
     _, df = B.debug_run(prog, prog.pte)
     with pytest.raises(InspectorError, match="top"):
         find_culprits(df, top=-1)
