@@ -69,15 +69,30 @@ def test_prompts_of_other_lengths_reuse_the_same_program(llama):
         _check(got, want, atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def hf_exported():
+    """Each Hugging Face family's exported programs, prompt and eager tokens, exported once (a strict export of two
+    methods) for its portable and its ORT test, as ``llama`` above is."""
+    cache: dict = {}
+
+    def get(family: str):
+        if family not in cache:
+            pytest.importorskip("transformers")
+            from edgetorch.models import hf
+
+            wrapper = hf.build_hf_llama_static() if family == "llama" else hf.build_hf_qwen2_static()
+            eps = hf.export_hf_lm(wrapper)
+            prompt = hf.hf_method_inputs(prompt_len=6, seed=7)["prefill"][0]
+            cache[family] = eps, prompt, hf.hf_reference_greedy(wrapper.model, prompt, 8)  # plain HF, no cache
+        return cache[family]
+
+    yield get
+    cache.clear()
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("ort", [False, True], ids=["portable", "ort"])
-def test_hugging_face_causal_lm_with_static_cache(family, ort):
-    pytest.importorskip("transformers")
-    from edgetorch.models import hf
-
-    wrapper = hf.build_hf_llama_static() if family == "llama" else hf.build_hf_qwen2_static()
-    eps = hf.export_hf_lm(wrapper)
-    prompt = hf.hf_method_inputs(prompt_len=6, seed=7)["prefill"][0]
-    want = hf.hf_reference_greedy(wrapper.model, prompt, 8)  # plain HF forwards, no cache
+def test_hugging_face_causal_lm_with_static_cache(family, ort, hf_exported):
+    eps, prompt, want = hf_exported(family)
     _, _, got = _runtime_generate(eps, prompt, ort, 8)
     assert got.tokens == want
