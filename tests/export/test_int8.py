@@ -99,10 +99,12 @@ def test_transformer_encoder_int8_other(recipe_type):
     _check("transformer_encoder", recipe_type)
 
 
-# resnet18 measured with 8 calibration inputs: rel max 0.027 / 0.047 / 0.018, cosine >= 0.9994
+# resnet18 measured with 8 calibration inputs: rel max 0.027 / 0.047 / 0.018, cosine >= 0.9994 (static pc / static
+# pt / dynamic pc). Each recipe's code path runs on small_cnn (convolutions, batch norm, linear) and on
+# transformer_encoder above; resnet18 adds depth and residual adds (a quantized add of two quantized branches),
+# checked once (test time: ~40 s a recipe on 2 cores) with the recipe whose error comes closest to the bound.
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe_type", [P.INT8_STATIC_PER_CHANNEL, P.INT8_STATIC_PER_TENSOR,
-                                         P.INT8_DYNAMIC_PER_CHANNEL], ids=lambda t: t.name)
+@pytest.mark.parametrize("recipe_type", [P.INT8_STATIC_PER_TENSOR], ids=lambda t: t.name)
 def test_resnet18_int8(recipe_type):
     _check("resnet18", recipe_type, n_calibration=8)
 
