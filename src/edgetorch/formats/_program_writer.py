@@ -95,7 +95,7 @@ def _list_member(start_vector, prepend, start, add, end, kind):
 def _write_tensor(b: flatbuffers.Builder, v: TensorDef) -> tuple[int, int]:
     sizes = _long_vec(b, fb.TensorStartSizesVector, v.sizes)
     strides = _long_vec(b, fb.TensorStartStridesVector, v.strides)
-    sym = b.CreateString(v.sym_shape) if v.sym_shape else None
+    sym = b.CreateSharedString(v.sym_shape) if v.sym_shape else None
     fb.TensorStart(b)
     fb.TensorAddScalarType(b, v.scalar_type)
     fb.TensorAddSizes(b, sizes)
@@ -255,7 +255,7 @@ def _write_instructions(b: flatbuffers.Builder, p: PlanDef) -> int:
     instr_offs = []
     for ins in p.instructions:
         call_off, call_t = _write_call(b, ins.call)
-        name, src = b.CreateString(ins.node_name), b.CreateString(ins.source)
+        name, src = b.CreateString(ins.node_name), b.CreateSharedString(ins.source)
         fb.InstructionStart(b)
         fb.InstructionAddInstrArgsType(b, call_t)
         fb.InstructionAddInstrArgs(b, call_off)
