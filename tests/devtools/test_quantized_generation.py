@@ -93,9 +93,10 @@ def _inject_noise(fl, method, args, path, err, clean):
 
 
 def _independent(model, recipe, prompt, tokens):
-    """Per execution: {layer: (accumulated, local) SQNR, logit share} and (torchao's greedy token, the float
-    model's), from torchao's quantized eager model and the float eager model run on the same tokens as the
-    runtime (the share: torchao's local error of the layer injected alone into the float model)."""
+    """Per execution: {layer: (accumulated, local) SQNR, logit share, own SQNR} and (torchao's greedy token, the
+    float model's), from torchao's quantized eager model and the float eager model run on the same tokens as the
+    runtime (the share: torchao's local error of the layer injected alone into the float model; own: torchao's
+    quantized layer fed the float model's own input of the layer)."""
     from torchao.quantization import quantize_
 
     fl = copy.deepcopy(model)
@@ -122,7 +123,9 @@ def _independent(model, recipe, prompt, tokens):
             layers = {}
             for name, (x, y) in cap_q.values.items():
                 local = sqnr_db(y - errs[name], y)
-                layers[name] = (sqnr_db(cap_f.values[name][1], y), local, noise[name] / total)
+                xf, yf = cap_f.values[name]
+                own = sqnr_db(yf, q.get_submodule(name)(xf))
+                layers[name] = (sqnr_db(yf, y), local, noise[name] / total, own)
             out.append((layers, int(lq[0, -1].argmax()), int(lf[0, -1].argmax())))
     return out
 
@@ -131,12 +134,12 @@ def test_table_matches_torchao_eager_against_float_eager(recorded):
     model, recipe, prompt, tokens, df = recorded
     assert list(df["execution"].unique()) == list(range(TOKENS))
     assert df.groupby("execution").size().eq(15).all()  # every quantized linear, every token
-    assert df[["sqnr_db", "local_sqnr_db"]].notna().all().all()
+    assert df[["sqnr_db", "local_sqnr_db", "own_sqnr_db"]].notna().all().all()
     want = _independent(model, recipe, prompt, tokens)
     worst, worst_share = 0.0, 0.0
     for row in df.itertuples():
-        acc, local, share = want[row.execution][0][row.layer]
-        worst = max(worst, abs(row.sqnr_db - acc), abs(row.local_sqnr_db - local))
+        acc, local, share, own = want[row.execution][0][row.layer]
+        worst = max(worst, abs(row.sqnr_db - acc), abs(row.local_sqnr_db - local), abs(row.own_sqnr_db - own))
         if share >= 0.05:  # a tiny share is a ratio of tiny noises: the kernels' own rounding moves it most
             worst_share = max(worst_share, abs(10 * math.log10(row.logit_share / share)))
     assert worst <= DB_TOL, worst
@@ -154,9 +157,10 @@ def test_planted_outlier_layer_is_named_first(recorded):
     assert df.attrs["responsible_layer"] == PLANTED
     local = pivot(df)
     assert list(local.columns)[:3] == ["layers.0.attention.wq", "layers.0.attention.wk", PLANTED]
-    ranking = df.attrs["ranking"]
+    ranking = df.attrs["ranking"]  # mean own SQNR: the layer's quantized op on the float model's own input
     assert ranking.index[0] == PLANTED and ranking.iloc[0] < ranking.iloc[1] - 3  # by a margin (dB)
-    assert ranking[PLANTED] == pytest.approx(local[PLANTED].mean())
+    assert ranking[PLANTED] == pytest.approx(pivot(df, "own_sqnr_db")[PLANTED].mean())
+    assert df.attrs["abnormal"] == [PLANTED]  # the only layer whose own error is out of line
     # one decode token is a 32-value sample: the planted layer is the worst of most tokens, not necessarily all
     assert (local.idxmin(axis=1) == PLANTED).sum() >= TOKENS - 1
     if df.attrs["first_divergence"] is not None:
@@ -202,7 +206,7 @@ def test_the_etrecord_float_program_gives_the_same_table(recording, recorded):
     *_, want = recorded
     got = _inspector(d).quantized_generation_table(impact=True)
     assert list(got.columns) == list(want.columns) and len(got) == len(want)
-    for c in ("sqnr_db", "local_sqnr_db", "logit_share"):
+    for c in ("sqnr_db", "local_sqnr_db", "own_sqnr_db", "logit_share"):
         assert got[c].tolist() == pytest.approx(want[c].tolist(), abs=1e-5, nan_ok=False), c
     assert got.attrs["tokens"].equals(want.attrs["tokens"])
     for k in ("first_divergence", "responsible_layer"):

@@ -153,3 +153,27 @@ def test_planted_layer_ranked_first_and_fix_restores_agreement():
     top = rows.sort(-1, descending=True).values
     want_margin = ((top[:, 0] - top[:, 1]) / rows.std(-1)).min()
     assert result.float_margin[0] == pytest.approx(float(want_margin), rel=1e-4)
+
+
+def test_ranking_puts_the_abnormal_layer_before_its_downstream_victim():
+    """The planted layer's own error is out of line (own SQNR far below the others'); the layer downstream of it
+    inherits a larger share of the logit error but its own SQNR is normal: the planted one is ranked first. A
+    clean spread of own SQNRs (int4 layers within a few dB) flags no layer."""
+    import pandas as pd
+
+    from edgetorch.devtools.inspector.quantized_generation import abnormal_layers, layer_ranking
+    from edgetorch.workflows.generation_fix import _ranking
+
+    own = {"q": 27.0, "k": 26.5, "v": 9.0, "o": 25.5, "w1": 27.5, "w2": 26.0, "output": 24.0}
+    share = {"q": 0.01, "k": 0.01, "v": 0.3, "o": 0.9, "w1": 0.02, "w2": 0.05, "output": 0.6}
+    rows = [{"execution": e, "layer": p, "local_sqnr_db": own[p] - (12 if p == "o" else 0),
+             "own_sqnr_db": own[p] + d, "logit_share": share[p]} for e, d in ((0, -0.5), (1, 0.5)) for p in own]
+    df = pd.DataFrame(rows)
+    df.attrs["ranking"] = ranking = layer_ranking(df)
+    assert ranking.index[0] == "v" and ranking["v"] == pytest.approx(9.0)
+    df.attrs["abnormal"] = abnormal_layers(ranking)
+    assert df.attrs["abnormal"] == ["v"]
+    assert _ranking(df)[:3] == ["v", "o", "output"]  # then by share
+    clean = pd.Series({p: v for p, v in own.items() if p != "v"}).sort_values()
+    assert abnormal_layers(clean) == []
+    assert abnormal_layers(pd.Series({"a": 1.0, "b": 20.0})) == []  # too few layers to judge

@@ -24,10 +24,12 @@ and dynamic shapes are known; pass ``method_inputs`` / ``dynamic_shapes`` for an
    the ``.pte``.
 3. **Rank**: the first ``rank_tokens`` steps of the same run recorded with an ETDump and its debug buffer;
    ``Inspector.quantized_generation_table`` against the float model with ``impact=True`` gives each quantized
-   layer's mean local SQNR and logit share.
-   The layers are ranked by their mean share of the logit error (the error that changes tokens), worst first;
-   layers with no share (a program without the logit impact) by mean local SQNR.
-4. **Fix**, at most ``max_reexports`` exports: the worst layer of the last program's ranking is kept at int8
+   layer's mean own SQNR (its quantized op on the float model's own input), the layers whose own error is
+   abnormal (``attrs["abnormal"]``) and each layer's mean logit share. The abnormal layers come first (the
+   worst own SQNR first: a layer downstream of them merely inherits their error), then the others by mean share
+   of the logit error (the error that changes tokens), then by mean own SQNR.
+4. **Fix**, at most ``max_reexports`` exports: the abnormal layers at once (first step), then the worst layer of
+   the last program's ranking, are kept at int8
    weight-only (``keep="int8"``, the recipe's ``int8_module_paths``: 4x smaller than float) or in float
    (``keep="float"``, ``exclude_module_paths``); a layer already at int8 that is still ranked worst is moved to
    float (int8 per output channel cannot absorb every outlier). When agreement did not improve with one more
@@ -72,7 +74,9 @@ class GenerationStep:
     size_bytes: int
     decode_ms: float
     ranking: list[str] = field(default_factory=list)  # worst first (empty when not ranked)
-    local_ranking: list[str] = field(default_factory=list)  # by mean local SQNR alone, worst first
+    local_ranking: list[str] = field(default_factory=list)  # by mean own SQNR alone, worst first
+    abnormal: list[str] = field(default_factory=list)  # layers whose own quantization error is abnormal
+    own_sqnr_db: dict[str, float] = field(default_factory=dict)  # mean own SQNR per layer, worst first
 
     @property
     def restored(self) -> bool:
@@ -242,10 +246,11 @@ def measure_program(pte: bytes, prompt: torch.Tensor, float_tokens: list[int],
 
 
 def rank_layers(et: Any, model: torch.nn.Module, prompt: torch.Tensor,
-                float_tokens: list[int]) -> tuple[list[str], list[str]]:
+                float_tokens: list[int]) -> tuple[list[str], dict[str, float], list[str]]:
     """The quantized layers of program ``et`` (exported with an ETRecord), most responsible first: the run fed
     the float model's tokens ``float_tokens``, recorded, and ``quantized_generation_table(model, impact=True)``
-    (mean logit share, then mean local SQNR); and by mean local SQNR alone (the table's ``attrs["ranking"]``)."""
+    (the layers whose own error is abnormal first, then by mean logit share, then mean own SQNR); the mean own
+    SQNR per layer, worst first (the table's ``attrs["ranking"]``); and the abnormal layers (``attrs["abnormal"]``)."""
     from edgetorch.devtools import Inspector
     from edgetorch.runtime import Runtime
 
@@ -259,16 +264,21 @@ def rank_layers(et: Any, model: torch.nn.Module, prompt: torch.Tensor,
         df = insp.quantized_generation_table(model, impact=True)
     if hasattr(model, "reset_cache"):
         model.reset_cache()
-    return _ranking(df), [str(p) for p in df.attrs["ranking"].index]
+    own = {str(p): float(v) for p, v in df.attrs["ranking"].items()}
+    return _ranking(df), own, list(df.attrs.get("abnormal", []))
 
 
 def _ranking(df: pd.DataFrame) -> list[str]:
-    local = df.attrs["ranking"]  # mean local SQNR, worst first
+    """Abnormal layers first (the worst own SQNR first: the error they add by themselves is out of line, where a
+    layer downstream of them merely inherits theirs), then by mean logit share (the error that changes tokens),
+    then by mean own SQNR."""
+    own = df.attrs["ranking"]  # mean own SQNR, worst first
+    abnormal = {p: i for i, p in enumerate(df.attrs.get("abnormal", []))}
     share = df.groupby("layer", sort=False)["logit_share"].mean() if "logit_share" in df else None
-    order = {p: i for i, p in enumerate(local.index)}
-    def key(p: str) -> tuple[float, int]:
+    order = {p: i for i, p in enumerate(own.index)}
+    def key(p: str) -> tuple[int, float, int]:
         s = float(share.get(p, math.nan)) if share is not None else math.nan
-        return (-s if s == s else math.inf, order.get(p, len(order)))
+        return (abnormal.get(p, len(abnormal)), -s if s == s else math.inf, order.get(p, len(order)))
     return sorted(dict.fromkeys(df["layer"]), key=key)
 
 
@@ -311,7 +321,8 @@ def _step(model: torch.nn.Module, prompt: torch.Tensor, ref: tuple[list[int], to
     agree, sqnr, ms = measure_program(et.buffer, prompt, *ref)
     step = GenerationStep(reexport, list(int8), list(flt), agree, len(ref[0]), sqnr, len(et.buffer), ms)
     if rank and not step.restored:
-        step.ranking, step.local_ranking = rank_layers(et, model, prompt, ref[0][:rank])
+        step.ranking, step.own_sqnr_db, step.abnormal = rank_layers(et, model, prompt, ref[0][:rank])
+        step.local_ranking = list(step.own_sqnr_db)
     return step
 
 
@@ -355,7 +366,7 @@ def find_generation_fix(model: torch.nn.Module, prompt: torch.Tensor, recipe_typ
         f"responsible: {', '.join(base.ranking[:3]) or '-'}")
     int8: list[str] = []
     flt: list[str] = []
-    width = 1
+    width = max(1, len(base.abnormal))  # every layer whose own error is abnormal at once, then the next worst
     while not result.steps[-1].restored and result.reexports < max_reexports:
         last = result.steps[-1]
         if len(result.steps) >= 2 and last.agreement <= result.steps[-2].agreement:

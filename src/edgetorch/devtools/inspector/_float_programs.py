@@ -35,9 +35,9 @@ class _Run(torch.fx.Interpreter):
     """One call of an unlifted float program: watched linear outputs kept, one optionally perturbed."""
 
     def __init__(self, gm: torch.fx.GraphModule, watched: dict[torch.fx.Node, str], outputs: dict[str, Any],
-                 inject: tuple[str, torch.Tensor] | None) -> None:
+                 inject: tuple[str, torch.Tensor] | None, inputs: dict[str, Any] | None = None) -> None:
         super().__init__(gm)
-        self._watched, self._outputs, self._inject = watched, outputs, inject
+        self._watched, self._outputs, self._inject, self._inputs = watched, outputs, inject, inputs
 
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
@@ -47,6 +47,9 @@ class _Run(torch.fx.Interpreter):
         if self._inject is not None and self._inject[0] == path and self._inject[1].numel() == out.numel():
             out = out + self._inject[1].reshape(out.shape).to(out.dtype)
         self._outputs[path] = out.detach()
+        x = self.env.get(n.args[0]) if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        if self._inputs is not None and isinstance(x, torch.Tensor):
+            self._inputs[path] = x.detach()
         return out
 
 
@@ -56,6 +59,7 @@ class RecordedFloat:
 
     def __init__(self, programs: dict[str, Any], module_path: Callable[[torch.fx.Node], str]) -> None:
         self.outputs: dict[str, torch.Tensor] = {}
+        self.inputs: dict[str, torch.Tensor] = {}  # each watched linear's input, last call
         self._modules: dict[str, torch.fx.GraphModule] = {}
         shared: dict[str, torch.Tensor] = {}
         mutated: set[str] = set()
@@ -115,7 +119,7 @@ class RecordedFloat:
         gm = self._modules.get(method)
         if gm is None:
             raise InspectorError(f"the ETRecord holds no float program for method '{method}'")
-        return _Run(gm, self._watched[method], self.outputs, inject).run(*inputs)
+        return _Run(gm, self._watched[method], self.outputs, inject, self.inputs).run(*inputs)
 
     def remove(self) -> None:
         """Nothing to undo (no hook was installed on a user's module)."""

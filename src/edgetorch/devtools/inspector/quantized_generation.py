@@ -9,7 +9,11 @@ with forward hooks, and each quantized layer's logged runtime output is compared
 * the float model's output of the same Linear: ``sqnr_db``, the accumulated error (every earlier layer's and
   every earlier token's quantization);
 * the float Linear applied to the runtime's own input of the layer (the layer's logged input, float weights):
-  ``local_sqnr_db``, the error this layer's quantization adds by itself.
+  ``local_sqnr_db``, the error this layer's quantization adds on the input the runtime gave it;
+* the program's own low-bit op (its packed weights and scales) applied to the float model's input of the layer:
+  ``own_sqnr_db``, the error the layer's quantization adds by itself, none inherited (an upstream fault that
+  fills a layer's input with outliers ruins that layer's 8-bit activation quantization on the runtime's input,
+  not on the float one).
 
 ``impact=True`` adds ``logit_share``: the logit noise power of the float model with only this layer's own local
 error added to its output (one more float forward per layer), over the runtime's logit noise power against the
@@ -17,10 +21,12 @@ float model: the layer's share of the logit error (shares need not add up to 1: 
 
 ``attrs["tokens"]`` has one row per execution: the runtime's greedy token, the float model's on the same inputs
 and the logits SQNR; ``attrs["first_divergence"]`` is the first execution whose greedy choice differs from the
-float model's (None when none does) and ``attrs["responsible_layer"]`` the layer with the lowest local SQNR in
-that execution (the lowest mean local SQNR over all executions when none diverges); ``attrs["ranking"]`` is
-that mean per layer, worst first (one decode token is a small sample: rank on the mean). ``pivot`` turns the
-long table into token x layer.
+float model's (None when none does). ``attrs["ranking"]`` is each layer's mean own SQNR over the executions, worst
+first (one decode token is a small sample: rank on the mean); ``attrs["abnormal"]`` the layers whose mean own
+SQNR is out of line with the others' (``abnormal_layers``: a robust outlier test; clean int4 layers lie within a
+few dB of each other). ``attrs["responsible_layer"]`` is the most abnormal layer, or, when none is, the layer with
+the lowest local SQNR in the first diverging execution (the worst of the ranking when none diverges). ``pivot``
+turns the long table into token x layer.
 
 The float model is the one passed, or (``float_model=None``) the float programs the ETRecord of a torchao-recipe
 export holds (``graph_map["float/<method>"]``, run by ``_float_programs.RecordedFloat``): the same table.
@@ -47,10 +53,10 @@ from edgetorch.devtools.inspector.numeric_gap import (
 )
 from edgetorch.errors import InspectorError
 
-__all__ = ["COLUMNS", "has_low_bit_layers", "layer_ranking", "lowbit_layers", "pivot", "quantized_generation_table",
-           "sqnr_db"]
+__all__ = ["ABNORMAL_DB", "COLUMNS", "abnormal_layers", "has_low_bit_layers", "layer_ranking", "lowbit_layers",
+           "pivot", "quantized_generation_table", "sqnr_db"]
 
-COLUMNS = ["execution", "method", "run", "layer", "sqnr_db", "local_sqnr_db"]
+COLUMNS = ["execution", "method", "run", "layer", "sqnr_db", "local_sqnr_db", "own_sqnr_db"]
 _LOWBIT_OPS = ("linear_q4", "linear_q8")
 #: ops the runtime may not log (views, layout changes): replayed on their source's runtime value
 _VIEW_OPS = {"view", "reshape", "_unsafe_view", "view_copy", "squeeze", "unsqueeze", "alias", "permute",
@@ -152,6 +158,7 @@ class _EagerFloat:
     def __init__(self, model: torch.nn.Module, paths: list[str]) -> None:
         self.model = model
         self.outputs: dict[str, torch.Tensor] = {}
+        self.inputs: dict[str, torch.Tensor] = {}
         self._handles = []
         for p in paths:
             try:
@@ -161,8 +168,10 @@ class _EagerFloat:
             self._handles.append(mod.register_forward_hook(self._hook(p)))
 
     def _hook(self, path: str) -> Any:
-        def hook(_m: torch.nn.Module, _i: Any, out: Any) -> None:
+        def hook(_m: torch.nn.Module, args: Any, out: Any) -> None:
             self.outputs[path] = out.detach()
+            if args and isinstance(args[0], torch.Tensor):
+                self.inputs[path] = args[0].detach()
         return hook
 
     def reset(self) -> None:
@@ -241,6 +250,40 @@ def _impacts(ref: Any, rec: Any, errors: dict[str, torch.Tensor], clean: torch.T
             for path, err in errors.items()}
 
 
+def _attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _own_output(gm: torch.fx.GraphModule, node: torch.fx.Node, x: torch.Tensor) -> torch.Tensor | None:
+    """The program's low-bit op ``node`` (its packed weight and scales) applied to input ``x``: None when an
+    argument is not a constant of the graph."""
+    args = []
+    for a in node.args[1:]:
+        if isinstance(a, torch.fx.Node):
+            a = _attr(gm, str(a.target)) if a.op == "get_attr" else None
+            if not isinstance(a, torch.Tensor):
+                return None
+        args.append(a)
+    try:
+        out = node.target(x, *args, **node.kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return out if isinstance(out, torch.Tensor) else None
+
+
+def _own_sqnr(gm: torch.fx.GraphModule, node: torch.fx.Node, ref: Any, path: str) -> float:
+    """SQNR of the layer's quantized op against its float Linear, both fed the float model's own input of the
+    layer (its last call): the error the layer's quantization adds by itself, none inherited from upstream."""
+    x, lin = getattr(ref, "inputs", {}).get(path), ref.linear(path)
+    if x is None or lin is None:
+        return math.nan
+    got = _own_output(gm, node, x.to(torch.float32))
+    return math.nan if got is None else sqnr_db(torch.nn.functional.linear(x.to(lin[0].dtype), *lin), got)
+
+
 def _execution_rows(inspector: Any, replay: Any, rec: Any, ref: Any,
                     impact: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     ex = rec.execution
@@ -255,17 +298,19 @@ def _execution_rows(inspector: Any, replay: Any, rec: Any, ref: Any,
             local = sqnr_db(own, rt)
             errors[path] = rt.reshape(own.shape).to(own.dtype) - own
         rows.append({"execution": ex.index, "method": ex.method, "run": ex.run, "layer": path, "sqnr_db": math.nan,
-                     "local_sqnr_db": local, "_rt": rt})
+                     "local_sqnr_db": local, "own_sqnr_db": math.nan, "_rt": rt, "_node": node})
     rt_logits = _first_tensor(rec.outputs)
     impacts: dict[str, float] = {}
     if impact:
         clean = _first_tensor(ref.call(ex.method, list(rec.inputs)))
         impacts = _impacts(ref, rec, errors, clean)
     ref.outputs.clear()
+    getattr(ref, "inputs", {}).clear()
     fl_logits = _first_tensor(ref.call(ex.method, list(rec.inputs)))  # the clean run, last
     total = _noise(fl_logits, rt_logits)
     for row in rows:
         rt, flt = row.pop("_rt"), ref.outputs.get(row["layer"])
+        row["own_sqnr_db"] = _own_sqnr(gm, row.pop("_node"), ref, row["layer"])
         row["sqnr_db"] = sqnr_db(flt, rt) if rt is not None and flt is not None else math.nan
         if impact:
             share = impacts.get(row["layer"], math.nan)
@@ -276,14 +321,38 @@ def _execution_rows(inspector: Any, replay: Any, rec: Any, ref: Any,
     return rows, token
 
 
+#: a layer is abnormal when its mean own SQNR lies at least this far (dB) below the median layer's, and beyond
+#: ``ABNORMAL_MADS`` robust deviations of the layers' spread: clean int4 layers lie within a few dB of each other
+ABNORMAL_DB = 8.0
+ABNORMAL_MADS = 4.0
+
+
 def layer_ranking(df: pd.DataFrame) -> pd.Series:
-    """Each layer's mean local SQNR over the executions, worst (lowest) first (an exact layer counts as 1e9)."""
-    rows = df[df["local_sqnr_db"].notna()]
-    means = rows.assign(s=rows["local_sqnr_db"].clip(upper=1e9)).groupby("layer", sort=False)["s"].mean()
-    return means.sort_values(kind="stable").rename("mean_local_sqnr_db")
+    """Each layer's mean own SQNR over the executions (its quantized op fed the float model's own input: the
+    error it adds by itself, none inherited from upstream layers), worst (lowest) first; the mean local SQNR
+    (fed the runtime's input) for a table without own SQNRs. An exact layer counts as 1e9 dB."""
+    col = "own_sqnr_db" if "own_sqnr_db" in df and df["own_sqnr_db"].notna().any() else "local_sqnr_db"
+    rows = df[df[col].notna()]
+    means = rows.assign(s=rows[col].clip(upper=1e9)).groupby("layer", sort=False)["s"].mean()
+    return means.sort_values(kind="stable").rename(f"mean_{col.removesuffix('_db')}_db")
 
 
-def _responsible(df: pd.DataFrame, execution: int | None) -> str | None:
+def abnormal_layers(ranking: pd.Series) -> list[str]:
+    """The layers of ``ranking`` (``layer_ranking``) whose own error is abnormal, worst first: mean SQNR below
+    the median layer's by more than ``ABNORMAL_DB`` and ``ABNORMAL_MADS`` median absolute deviations (a robust
+    outlier test: a layer inheriting error from an upstream one keeps a normal own SQNR)."""
+    finite = ranking[ranking.map(math.isfinite) & (ranking < 1e9)]
+    if len(finite) < 3:
+        return []
+    med = float(finite.median())
+    mad = float((finite - med).abs().median())
+    limit = med - max(ABNORMAL_DB, ABNORMAL_MADS * 1.4826 * mad)
+    return [str(p) for p, v in ranking.items() if v < limit]
+
+
+def _responsible(df: pd.DataFrame, execution: int | None, abnormal: list[str]) -> str | None:
+    if abnormal:  # a layer whose own quantization is abnormal, wherever the tokens first differ
+        return abnormal[0]
     if execution is None:  # no divergence: the worst layer over the whole generation
         ranking = layer_ranking(df)
         return str(ranking.index[0]) if len(ranking) else None
@@ -328,8 +397,10 @@ def quantized_generation_table(inspector: Any, float_model: torch.nn.Module | No
     tok = pd.DataFrame(tokens)
     first = next((int(t["execution"]) for t in tokens
                   if t["runtime_token"] is not None and t["runtime_token"] != t["float_token"]), None)
-    df.attrs.update(tokens=tok, first_divergence=first, responsible_layer=_responsible(df, first),
-                    ranking=layer_ranking(df), reference_graph="float")
+    ranking = layer_ranking(df)
+    abnormal = abnormal_layers(ranking)
+    df.attrs.update(tokens=tok, first_divergence=first, responsible_layer=_responsible(df, first, abnormal),
+                    ranking=ranking, abnormal=abnormal, reference_graph="float")
     return df
 
 
