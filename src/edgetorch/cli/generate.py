@@ -79,10 +79,11 @@ def _lower(model, args: argparse.Namespace):  # noqa: ANN001, ANN202 - (Executor
     from edgetorch.models.llama import llama_dynamic_shapes, llama_method_inputs
 
     print(f"[2/4] quantizing, lowering and emitting through the recipe {args.recipe}", flush=True)
-    inputs = llama_method_inputs(model.config)
+    one = args.recipe.startswith("onnxruntime")  # decode from the prefill's graph: one ORT session serves both
+    inputs = llama_method_inputs(model.config, one_graph=one)
     session = export({"prefill": model, "decode": model}, {k: [v] for k, v in inputs.items()},
                      ExportRecipe.get_recipe(_recipe_type(args.recipe)),
-                     dynamic_shapes=llama_dynamic_shapes(model.config), generate_etrecord=args.etdump)
+                     dynamic_shapes=llama_dynamic_shapes(model.config, one_graph=one), generate_etrecord=args.etdump)
     eager = session.get_stage_artifacts()[StageType.SOURCE_TRANSFORM].data["decode"]
     return session.get_executorch_program_manager(), eager
 
