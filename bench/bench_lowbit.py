@@ -64,15 +64,17 @@ print(json.dumps({"rss_mib": (proc.memory_info().rss - before) / 2**20}))
 
 
 def build(model: torch.nn.Module, out: str, tag: str = "", reuse: bool = False) -> dict[str, str]:
-    inputs = llama_method_inputs(model.config)
     paths = {}
     for name, (rtype, kwargs) in RECIPES.items():
         if reuse and os.path.exists(os.path.join(out, f"{name}{tag}.pte")):
             paths[name] = os.path.join(out, f"{name}{tag}.pte")
             continue
         t0 = time.perf_counter()
+        one = isinstance(rtype, OrtRecipeType)  # decode from the prefill's graph: one ORT session serves both
+        inputs = llama_method_inputs(model.config, one_graph=one)
         session = export({"prefill": model, "decode": model}, {k: [v] for k, v in inputs.items()},
-                         ExportRecipe.get_recipe(rtype, **kwargs), dynamic_shapes=llama_dynamic_shapes(model.config))
+                         ExportRecipe.get_recipe(rtype, **kwargs),
+                         dynamic_shapes=llama_dynamic_shapes(model.config, one_graph=one))
         paths[name] = os.path.join(out, f"{name}{tag}.pte")
         session.save_to_pte(paths[name])
         del session

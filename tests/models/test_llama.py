@@ -278,6 +278,10 @@ def test_method_inputs_and_dynamic_shapes() -> None:
         llama_method_inputs(LLAMA_TINY, 64)
     with pytest.raises(ValueError):
         export_llama(build_llama(LLAMA_TINY), prompt_len=1)
+    one = llama_method_inputs(LLAMA_TINY, 5, one_graph=True)  # decode exported from the prefill's graph
+    assert all(torch.equal(a, b) for a, b in zip(one["decode"], one["prefill"]))
+    shapes = llama_dynamic_shapes(LLAMA_TINY, one_graph=True)
+    assert shapes["decode"] is shapes["prefill"] and shapes["prefill"]["tokens"][1].min == PREFILL_MIN_LEN == 1
 
 
 def test_export_ranges_and_in_place_updates(model: Llama, exported: dict[str, torch.export.ExportedProgram]) -> None:
