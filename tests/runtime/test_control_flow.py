@@ -226,6 +226,27 @@ def test_runs_of_both_branches_in_one_etdump(program, tmp_path):
         assert op in {o for ops in df["aot_ops"] for o in ops} and insp.find_culprits(df).empty
 
 
+def test_a_hostile_reference_cond_is_a_typed_error(model):
+    """A reference graph whose branch takes more inputs than the cond passes, or whose predicate is no bool."""
+    from edgetorch.devtools.inspector._control_flow import inline_taken_branches
+    from edgetorch.errors import ETRecordFormatError
+    x, y = _inputs(True)
+    gm = torch.export.export(model, (x, y)).module()
+    flat = inline_taken_branches(gm, (x, y))
+    assert not any(n.target is torch.ops.higher_order.cond for n in flat.graph.nodes)
+    torch.testing.assert_close(torch.fx.Interpreter(flat).run(x, y)[0], model(x, y)[0], rtol=0, atol=0)
+    true_gm = gm.get_submodule("true_graph_0")
+    first = next(iter(true_gm.graph.nodes))
+    with true_gm.graph.inserting_before(first):
+        true_gm.graph.placeholder("extra")
+    with pytest.raises(ETRecordFormatError, match="passes 2 operands to a branch taking 3"):
+        inline_taken_branches(gm, (x, y))
+    cond = next(n for n in gm.graph.nodes if n.target is torch.ops.higher_order.cond)
+    cond.args = (next(n for n in gm.graph.nodes if n.op == "placeholder"), *cond.args[1:])  # a [3, 4] float
+    with pytest.raises(ETRecordFormatError, match="not one bool"):
+        inline_taken_branches(gm, (x, y))
+
+
 # -- hostile files ------------------------------------------------------------------------------------
 def _first(plan: pf.PlanDef, cls: type) -> tuple[int, object]:
     return next((k, i.call) for k, i in enumerate(plan.instructions) if isinstance(i.call, cls))

@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from edgetorch.devtools.inspector._graph_writes import written_in_place
-from edgetorch.errors import ETRecordFormatError
+from edgetorch.errors import ETRecordFormatError, ExportError
 from edgetorch.exir.control_flow import branches_of, is_cond
 
 __all__ = ["has_cond", "inline_taken_branches"]
@@ -45,7 +45,12 @@ class _Preds(torch.fx.Interpreter):
                                           f"one bool ({e})", field=f"reference graph node {n.name}") from None
             if n is self.stop:
                 raise _Stop()
-        return super().run_node(n)
+        try:
+            return super().run_node(n)
+        except (RuntimeError, TypeError, ValueError, IndexError) as e:  # a hostile or corrupted reference graph
+            raise ETRecordFormatError(f"the reference graph's node '{n.name}' fails on the values its arguments name "
+                                      f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})",
+                                      field=f"reference graph node {n.name}") from None
 
 
 class _Stop(Exception):
@@ -78,7 +83,7 @@ def _inline_once(gm: torch.fx.GraphModule, preds: dict[torch.fx.Node, bool]) -> 
     owner: dict[str, Any] = {}  # get_attr target -> the object (nested branch modules under new names)
     for n in gm.graph.nodes:
         if is_cond(n):
-            env[n] = _inline_branch(g, branches_of(n)[0 if preds[n] else 1], n, env, owner)
+            env[n] = _inline_branch(g, _branches(n)[0 if preds[n] else 1], n, env, owner)
         elif n.op == "call_function" and n.target is operator.getitem and n.args[0] in env \
                 and isinstance(env[n.args[0]], tuple):
             env[n] = env[n.args[0]][n.args[1]]
@@ -87,11 +92,18 @@ def _inline_once(gm: torch.fx.GraphModule, preds: dict[torch.fx.Node, bool]) -> 
         else:
             env[n] = g.node_copy(n, lambda a: env[a])
     for n in g.nodes:
-        if n.op == "get_attr" and n.target not in owner:
+        if n.op in ("get_attr", "call_module") and n.target not in owner:
             owner[n.target] = _attr(gm, str(n.target))
     new = torch.fx.GraphModule(owner, g)
     new.meta.update(gm.meta)
     return new
+
+
+def _branches(n: torch.fx.Node) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    try:
+        return branches_of(n)
+    except ExportError as e:
+        raise ETRecordFormatError(f"the reference graph's {e}", field=f"reference graph node {n.name}") from None
 
 
 def _attr(m: Any, target: str) -> Any:
@@ -107,7 +119,10 @@ def _inline_branch(g: torch.fx.Graph, sub: torch.fx.GraphModule, cond: torch.fx.
     operands = [env[a] for a in cond.args[3]]
     local: dict[torch.fx.Node, Any] = {}
     phs = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    for ph, v in zip(phs, operands, strict=True):
+    if len(phs) != len(operands):
+        raise ETRecordFormatError(f"the reference graph's cond node '{cond.name}' passes {len(operands)} operands to "
+                                  f"a branch taking {len(phs)}", field=f"reference graph node {cond.name}")
+    for ph, v in zip(phs, operands):
         local[ph] = v
     out: tuple = ()
     for n in sub.graph.nodes:
