@@ -519,8 +519,9 @@ def _constant_layouts(p: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
 def make_pte_fault(model_name: str, backend: str, param: str, out: str) -> dict | None:
     """One planted fault made in the clean ``<name>.pte`` itself: the bytes of ``param``'s constant (found by
     content, in the layout the exporter stored it; None if they are not stored once and whole, e.g. a
-    batch-norm weight fused into a convolution) get the noise ``make_fault`` adds before export, written back
-    in place; the edited program runs on the reference runtime, debugged against the clean ETRecord."""
+    batch-norm weight fused into a convolution, or a LayerNorm weight equal to another one, stored as one shared
+    constant) get the noise ``make_fault`` adds before export, written back in place; the edited program runs on
+    the reference runtime, debugged against the clean ETRecord."""
     from executorch.devtools import Inspector
     from executorch.runtime import Runtime
 
@@ -529,6 +530,8 @@ def make_pte_fault(model_name: str, backend: str, param: str, out: str) -> dict 
         data = bytearray(f.read())
     model, inputs = build(model_name)
     p = model.get_parameter(param).detach()
+    if any(n != param and q.shape == p.shape and torch.equal(q, p) for n, q in model.state_dict().items()):
+        return None  # another tensor holds the same values: the exporter stores them as one constant
     g = torch.Generator().manual_seed(sum(map(ord, param)))
     noise = 0.05 * p.abs().mean() * torch.randn(p.shape, generator=g)
     for layout, view in _constant_layouts(p):
