@@ -1,12 +1,13 @@
 """The runtime side of the onnxruntime backend (needs onnxruntime, onnx, numpy and torch; not the compiler).
 
 ``init`` unpacks the blob (``_blob``), wraps the external weights as zero-copy ``OrtValue``s (shared by every
-session of the delegate) and builds the plain ``InferenceSession``. A plain ``execute`` binds the planned
-input and output tensors to the session once with ``IOBinding`` (data pointers, element types, shapes), so
-ORT reads the inputs and writes the outputs in place, and then only calls ``run_with_iobinding``. With
-optimizations on, the plain (and profiling) session runs the model with int8 activations moved to uint8
-(``_qdq``: ORT's integer kernels then take every quantized conv, add and gemm); debug sessions run the exported
-model, whose values are the edge program's.
+session of the delegate) and builds the plain ``InferenceSession``, or reuses the one a delegate of the same
+program with the same blob built (``_weights``: weights only ``Gather`` reads are bound, not copied). A plain
+``execute`` binds the planned input and output tensors to the session once with ``IOBinding`` (data pointers,
+element types, shapes), so ORT reads the inputs and writes the outputs in place, and then only calls
+``run_with_iobinding``. With optimizations on, the plain (and profiling) session runs the model with int8
+activations moved to uint8 (``_qdq``: ORT's integer kernels then take every quantized conv, add and gemm); debug
+sessions run the exported model, whose values are the edge program's.
 
 Traced runs (the runtime passes its ETDump tracer):
 
