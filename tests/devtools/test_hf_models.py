@@ -95,7 +95,27 @@ class Run:
     aten: torch.export.ExportedProgram
     rec_path: str
     outputs: list[torch.Tensor]
-    inspector: Inspector
+    dump: str
+    dbg: str
+
+    def inspector(self) -> Inspector:
+        """A fresh Inspector of the recorded run (a test may edit the tables it gets: no other test sees them)."""
+        return Inspector(etdump_path=self.dump, etrecord=self.rec_path, debug_buffer_path=self.dbg)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(name, ort)``: each (model, backend) exported, run and recorded once, in a folder of its own, for every
+    test of this module that needs it (they only read its files and objects)."""
+    cache: dict[tuple[str, bool], Run] = {}
+
+    def get(name: str, ort: bool) -> Run:
+        if (name, ort) not in cache:
+            cache[name, ort] = _run(name, str(tmp_path_factory.mktemp(f"{name}_{'ort' if ort else 'portable'}")), ort)
+        return cache[name, ort]
+
+    yield get
+    cache.clear()
 
 
 def _run(name: str, out: str, ort: bool) -> Run:
@@ -118,8 +138,7 @@ def _run(name: str, out: str, ort: bool) -> Run:
     got = pytree.tree_leaves(program.load_method("forward").execute(*inputs))
     dump, dbg = os.path.join(out, "d.etdp"), os.path.join(out, "dbg.bin")
     program.write_etdump_result_to_file(dump, dbg)
-    return Run(model, inputs, aten, rec_path, got,
-               Inspector(etdump_path=dump, etrecord=rec_path, debug_buffer_path=dbg))
+    return Run(model, inputs, aten, rec_path, got, dump, dbg)
 
 
 def _eager_values(aten: torch.export.ExportedProgram, inputs: tuple) -> dict[str, object]:
@@ -171,13 +190,14 @@ def _check_rows(df, eager: dict[str, object], ort: bool) -> None:
 
 @pytest.mark.parametrize("ort", [False, True], ids=["portable", "ort"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_hf_model_end_to_end(name, ort, tmp_path):
-    run = _run(name, str(tmp_path), ort)
+def test_hf_model_end_to_end(name, ort, runs):
+    run = runs(name, ort)
     # the ETRecord holds a reference graph for the ATen program (no fallback to the full program)
     rec = parse_etrecord(run.rec_path)
     assert rec._lazy is not None and "forward" in rec._lazy.references
-    df = run.inspector.calculate_numeric_gap("MSE")
-    cov = run.inspector.last_gap_coverage
+    insp = run.inspector()
+    df = insp.calculate_numeric_gap("MSE")
+    cov = insp.last_gap_coverage
     assert len(df) > 20 and cov.runtime_matched >= 0.9 * cov.runtime_total, cov.unmatched
     assert df.attrs["reference_graph"] == "exported_program"
     _check_rows(df, _eager_values(run.aten, run.inputs), ort)
@@ -193,16 +213,16 @@ def test_hf_model_end_to_end(name, ort, tmp_path):
     assert torch.allclose(got, last, atol=1e-4, rtol=1e-4)
 
 
-def test_t5_relative_bucket_delegate_output_is_paired_with_its_own_op(tmp_path):
+def test_t5_relative_bucket_delegate_output_is_paired_with_its_own_op(runs):
     """The issue's T5 row: an ORT delegate whose int64 outputs all have shape (32, 32) (relative positions
     -31..31, and the log-bucket term that holds int64 min where log(0) = -inf). The DELEGATE_CALL row must compare
     the output of the op it names, not the first int64 output of that shape."""
-    run = _run("t5", str(tmp_path), ort=True)
+    run = runs("t5", ort=True)
     rec = parse_etrecord(run.rec_path)
     calls = rec.delegate_outputs["forward"]
     groups = {g.instruction_id: g for g in rec.handle_groups["forward"] if g.kind == "delegate_call"}
     assert calls and all(len(v) == len(groups[i].outputs) and v for i, v in calls.items())
-    df = run.inspector.calculate_numeric_gap("MSE")
+    df = run.inspector().calculate_numeric_gap("MSE")
     eager = _eager_values(run.aten, run.inputs)
     delegate_rows = [r for _, r in df.iterrows() if r["runtime_ops"] == ["DELEGATE_CALL"]]
     int_rows = [r for r in delegate_rows if r["dtype"] == "int64" and r["shape"] == (32, 32)]
@@ -220,7 +240,7 @@ def test_t5_relative_bucket_delegate_output_is_paired_with_its_own_op(tmp_path):
             assert r["gap"][0] <= 1.0
 
 
-def test_exact_rows_report_mismatches_and_rank_first(tmp_path):
+def test_exact_rows_report_mismatches_and_rank_first(runs):
     """A planted integer fault: the runtime's int64 output of one op differs in 3 elements."""
     from edgetorch.devtools.inspector.comparators import MSEComparator
     from edgetorch.devtools.inspector.numeric_gap import compare_values
@@ -237,22 +257,22 @@ def test_exact_rows_report_mismatches_and_rank_first(tmp_path):
     x = torch.tensor([float("-inf"), 1.0, 2.0])
     y = torch.tensor([float("-inf"), 1.0, 2.5])
     assert compare_values(MSEComparator(), x, y)[0] == pytest.approx(0.25 / 3)
-    run = _run("bert", str(tmp_path), ort=False)
-    df = run.inspector.calculate_numeric_gap("SNR")
+    insp = runs("bert", ort=False).inspector()
+    df = insp.calculate_numeric_gap("SNR")
     i = next(k for k, m in zip(df.index, df["metric"], strict=True) if m == EXACT_METRIC)
     df.at[i, "gap"] = [0.5]
     df.at[i, "local_gap"] = [0.5]
     df.at[i, "mismatches"] = 4  # what calculate_numeric_gap writes for a row with mismatching elements
     df.at[i, "verdict"] = "real"
-    assert run.inspector.first_divergence(df, threshold=-1e9)["aot_ops"] == df.at[i, "aot_ops"]
-    assert run.inspector.find_culprits(df, top=1).index[0] == i
+    assert insp.first_divergence(df, threshold=-1e9)["aot_ops"] == df.at[i, "aot_ops"]
+    assert insp.find_culprits(df, top=1).index[0] == i
 
 
-def test_etrecord_loads_and_inspects_without_transformers(tmp_path):
+def test_etrecord_loads_and_inspects_without_transformers(runs):
     """A record of a model returning a ModelOutput parses, and the Inspector computes gaps, in a process that never
     imports transformers; the output spec keeps the type's name."""
-    run = _run("bert", str(tmp_path), ort=False)
-    dump, dbg = os.path.join(tmp_path, "d.etdp"), os.path.join(tmp_path, "dbg.bin")
+    run = runs("bert", ort=False)
+    dump, dbg = run.dump, run.dbg
     code = textwrap.dedent(f"""
         import json, sys
         import torch.utils._pytree as pytree
@@ -314,13 +334,13 @@ def test_python_operator_targets_round_trip():
             resolve_target(bad)
 
 
-def test_unknown_target_in_reference_graph_names_node(tmp_path):
+def test_unknown_target_in_reference_graph_names_node(runs):
     import io
     import zipfile
 
     from tests.fuzz.fuzzlib import reseal_etrecord
 
-    run = _run("gpt2", str(tmp_path), ort=False)
+    run = runs("gpt2", ort=False)
     with open(run.rec_path, "rb") as f:
         data = f.read()
     zin = zipfile.ZipFile(io.BytesIO(data))
