@@ -152,24 +152,24 @@ def build_hf_qwen2_static(max_cache_len: int = HF_MAX_CACHE_LEN) -> nn.Module:
 
 
 def hf_method_inputs(
-    vocab_size: int = 256, prompt_len: int = HF_EXAMPLE_PROMPT_LEN, seed: int = HF_SEED + 1000
+    vocab_size: int = 256, prompt_len: int = HF_EXAMPLE_PROMPT_LEN, seed: int = HF_SEED + 1000,
+    one_graph: bool = False,
 ) -> dict[str, tuple[torch.Tensor, ...]]:
-    """``{"prefill": (ids (1, T), arange(T)), "decode": (ids (1, 1), tensor([T]))}``, seeded."""
+    """``{"prefill": (ids (1, T), arange(T)), "decode": (ids (1, 1), tensor([T]))}``, seeded. ``one_graph``:
+    decode gets the prefill's inputs (with ``hf_dynamic_shapes(one_graph=True)``: one dynamic graph for both
+    methods, lowered once; as ``llama_method_inputs``)."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(vocab_size, (1, prompt_len + 1), generator=gen)
-    return {
-        "prefill": (ids[:, :prompt_len], torch.arange(prompt_len)),
-        "decode": (ids[:, prompt_len:], torch.tensor([prompt_len])),
-    }
+    prefill = (ids[:, :prompt_len], torch.arange(prompt_len))
+    return {"prefill": prefill, "decode": prefill if one_graph else (ids[:, prompt_len:], torch.tensor([prompt_len]))}
 
 
-def hf_dynamic_shapes(max_cache_len: int = HF_MAX_CACHE_LEN) -> dict[str, dict | None]:
-    """Prefill: ``Dim("seq_len", min=1, max=max_cache_len)`` on the prompt length; decode: static."""
+def hf_dynamic_shapes(max_cache_len: int = HF_MAX_CACHE_LEN, one_graph: bool = False) -> dict[str, dict | None]:
+    """Prefill: ``Dim("seq_len", min=1, max=max_cache_len)`` on the prompt length; decode: static, or with
+    ``one_graph`` the prefill's."""
     seq_len = torch.export.Dim("seq_len", min=HF_PREFILL_MIN_LEN, max=max_cache_len)
-    return {
-        "prefill": {"input_ids": {1: seq_len}, "cache_position": {0: seq_len}},
-        "decode": None,
-    }
+    prefill = {"input_ids": {1: seq_len}, "cache_position": {0: seq_len}}
+    return {"prefill": prefill, "decode": prefill if one_graph else None}
 
 
 def export_hf_lm(

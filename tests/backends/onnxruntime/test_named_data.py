@@ -196,3 +196,16 @@ def test_methods_lowering_the_same_graph_share_one_session(shared, tmp_path):
                 torch.testing.assert_close(m.execute([x])[0], model(x), rtol=1e-4, atol=1e-4)
     other = Runtime.get().load_program(str(path)).load_method("decode")
     assert next(iter(other._delegate_handles.values())).session is not sessions[0]  # one cache per program
+
+
+
+def test_one_graph_method_inputs_give_decode_the_prefills_graph():
+    """``one_graph=True`` (what ``generate --recipe onnxruntime_*`` exports): decode gets the prefill's example
+    inputs and dynamic shapes, so both methods export, lower and store the same delegates (test above)."""
+    from edgetorch.models import hf
+
+    inputs, shapes = hf.hf_method_inputs(256, 8, one_graph=True), hf.hf_dynamic_shapes(64, one_graph=True)
+    assert inputs["decode"] is inputs["prefill"] and shapes["decode"] is shapes["prefill"]
+    assert shapes["prefill"]["input_ids"][1].min == 1  # a one-token decode fits the prefill's range
+    static = hf.hf_method_inputs(256, 8)
+    assert static["decode"][0].shape == (1, 1) and hf.hf_dynamic_shapes(64)["decode"] is None
