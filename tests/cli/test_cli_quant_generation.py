@@ -40,6 +40,8 @@ def test_inspect_low_bit_generation_against_the_float_model(tmp_path, recipe):
     else:
         assert "greedy tokens agree with the float model" in out
     assert re.search(r"layer most responsible: (layers\.\d\.\S+|output)", out)
+    assert re.search(r"layers whose own quantization error is abnormal: (none|layers\.\d\.\S+|output)", out)
+    assert re.search(r"layers by mean own SQNR .*: (layers\.\d\.\S+|output) -?[\d.]+ dB", out)
     assert re.search(r"layers by mean share of the logit error .*: (layers\.\d\.\S+|output) [\d.]+%", out)
     html = (tmp_path / "r.html").read_text(encoding="utf-8")
     # without --float-model: the float program the recipe recorded in the ETRecord, the same figures

@@ -51,7 +51,8 @@ def print_quantized_generation(inspector: Any, model_name: str | None, console: 
     say("greedy tokens agree with the float model" if first is None else
         f"first token whose greedy choice differs from the float model's: call {first}")
     say(f"layer most responsible: {df.attrs['responsible_layer']}")
-    say("layers by mean local SQNR (worst first): " + ", ".join(
+    say("layers whose own quantization error is abnormal: " + (", ".join(df.attrs.get("abnormal", [])) or "none"))
+    say("layers by mean own SQNR (the layer's low-bit op on the float model's input; worst first): " + ", ".join(
         f"{name} {_db(v)} dB" for name, v in df.attrs["ranking"].head(5).items()))
     if impact:
         shares = df.groupby("layer", sort=False)["logit_share"].mean().sort_values(ascending=False)
