@@ -86,8 +86,17 @@ def _check(family: str, name: str, enum) -> None:
         if enum is OrtRecipeType and bits == 8:  # MatMulNBits' 8-bit B: q + 128 in uint8 (its zero point 128)
             stored = (w.qdata.numpy().astype(np.int16) + 128).astype(np.uint8).tobytes()
         assert stored in buf, path  # and travels in the .pte as it is (int4: MatMulNBits' own B layout too)
-        scales = w.scale.detach().to(torch.float32).contiguous().numpy().tobytes()
-        assert scales == m.scales.numpy().tobytes() and scales in buf, path
+        if bits == 4:  # bf16 group scales (the kernels' own), exactly torchao's rounded; ORT's: the same as float16
+            want = w.scale.detach().float().reshape(m.scales.shape).to(torch.bfloat16)
+            assert m.scales.dtype == torch.bfloat16 and torch.equal(m.scales.view(torch.int16),
+                                                                    want.view(torch.int16)), path
+            held = want.float().to(torch.float16) if enum is OrtRecipeType else want
+            assert torch.equal(held.float(), want.float()), path  # float16 holds each bf16 scale exactly
+            scales = held.contiguous().view(torch.int16).numpy().tobytes()
+        else:
+            scales = w.scale.detach().to(torch.float32).contiguous().numpy().tobytes()
+            assert scales == m.scales.numpy().tobytes(), path
+        assert scales in buf, path
     prompt = _prompt(wrapper)
     prog = Runtime.get().load_program(buf)
     got = greedy_generate_with_logits(prog.load_method("prefill").execute, prog.load_method("decode").execute,

@@ -4,7 +4,8 @@ torchao's ``quantize_`` leaves ``IntxUnpackedToInt8Tensor`` weights (int4 values
 float scale per group); exported as they are, each linear becomes a dequantize of its whole weight into float
 plus a float matmul (the decomposed ``choose_qparams`` / ``quantize_affine`` / ``dequantize_affine`` ops around
 an ``mm``), and the program stores the int4 values one per byte. :func:`lower_lowbit_modules` replaces such a
-module by one that holds the weights packed (int4 two per byte, int8 as is) and calls a single low-bit op
+module by one that holds the weights packed (int4 two per byte with bfloat16 group scales, int8 as is with
+float32 channel scales) and calls a single low-bit op
 (``edgetorch::linear_q4`` / ``linear_q8``, defined in ``edgetorch.runtime.lowbit`` with the kernels the
 runtime runs); an embedding gathers its packed rows and dequantizes only those (standard ATen ops).
 
@@ -118,6 +119,13 @@ def _packed(w: object) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     return weight, scales, bits, w.block_size[-1]
 
 
+def _linear_scales(scales: torch.Tensor, bits: int) -> torch.Tensor:
+    """The scales a linear stores: int4 groups in bfloat16 (the kernels compute with bf16 scales anyway, so the
+    program holds exactly what they use, half the bytes; XNNPACK's 8da4w stores bf16 scales too), int8 channels
+    in float32 (one per row: a few KiB)."""
+    return scales.to(torch.bfloat16) if bits == 4 else scales
+
+
 def _lowered(module: nn.Module) -> nn.Module | str:
     w = _quantized_weight(module)
     is_linear = isinstance(module, nn.Linear)
@@ -129,7 +137,7 @@ def _lowered(module: nn.Module) -> nn.Module | str:
         return LowBitEmbedding(weight, scales, bits, group)
     act_quant = w.activation_quantization is not None
     bias = module.bias.detach().clone() if module.bias is not None else None
-    return LowBitLinear(weight, scales, bias, bits, group, act_quant)
+    return LowBitLinear(weight, _linear_scales(scales, bits), bias, bits, group, act_quant)
 
 
 def lower_lowbit_modules(model: nn.Module) -> LoweringReport:

@@ -7,7 +7,8 @@ never needs the compiler or torchao to run a low-bit program).
 ``linear_q4(x, weight, scales, bias, group_size, act_quant)``
     ``weight``: uint8 ``[N, K/2]``, two int4 values per byte: byte ``j`` of row ``n`` holds ``q[n, 2j] + 8`` in its
     low nibble and ``q[n, 2j+1] + 8`` in its high nibble (``q`` in [-8, 7], symmetric, no zero point; the layout
-    of ONNX Runtime's ``MatMulNBits`` with its default zero point 8). ``scales``: float32 ``[N, K/group_size]``.
+    of ONNX Runtime's ``MatMulNBits`` with its default zero point 8). ``scales``: ``[N, K/group_size]``,
+    bfloat16 as the export stores them (the kernels compute with bf16 scales; float32 is accepted and rounded).
     The weight of element ``(n, k)`` is ``q[n, k] * scales[n, k // group_size]``.
 ``linear_q8(x, weight, scales, bias, act_quant)``
     ``weight``: int8 ``[N, K]``, ``scales``: float32 ``[N]`` (per output channel).

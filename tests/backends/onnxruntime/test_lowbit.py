@@ -43,6 +43,55 @@ def _onnx_models(session, method):
     return out
 
 
+def _check_scales(proto, inits, node, module) -> None:
+    """int4: the model stores the module's bf16 scales as float16 (exactly) and casts them to float; int8's
+    float32 channel scales go in as they are unless float16 holds them exactly."""
+    want = module.scales.float().reshape(module.weight.shape[0], -1).numpy()
+    cast = next((n for n in proto.graph.node if n.op_type == "Cast" and n.output[0] == node.input[2]), None)
+    if module.bits == 4:
+        assert module.scales.dtype == torch.bfloat16 and cast is not None
+    name = node.input[2] if cast is None else cast.input[0]
+    stored = inits.get(name)  # external (the program's named data when large) or inline
+    if stored is None:
+        stored = onnx.numpy_helper.to_array(next(t for t in proto.graph.initializer if t.name == name))
+    assert stored.dtype == (np.float32 if cast is None else np.float16)
+    assert np.array_equal(stored.astype(np.float32), want)
+
+
+def test_float16_scales_cast_in_the_graph_fold_before_prepacking(tmp_path):
+    """ORT folds the Cast of the float16 scales at session creation: MatMulNBits gets a float initializer and
+    prepacks it, the same bits as float scales stored as such (unfolded, it computes otherwise)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, k, block = 64, 128, 32
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    s16 = (rng.random((n, k // block)) * 0.01 + 1e-3).astype(np.float16)
+
+    def session(cast: bool, path=None):
+        inits = [numpy_helper.from_array(w, "w")]
+        nodes = [helper.make_node("Cast", ["s16"], ["s"], to=TensorProto.FLOAT)] if cast else []
+        inits.append(numpy_helper.from_array(s16 if cast else s16.astype(np.float32), "s16" if cast else "s"))
+        nodes.append(helper.make_node("MatMulNBits", ["x", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n,
+                                      bits=4, block_size=block, accuracy_level=4))
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])], inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+        so = ort.SessionOptions()
+        if path is not None:
+            so.optimized_model_filepath = str(path)
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+    folded, plain = session(True, tmp_path / "opt.onnx"), session(False)
+    assert [nd.op_type for nd in onnx.load(str(tmp_path / "opt.onnx")).graph.node] == ["MatMulNBits"]
+    for rows in (1, 5):
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        assert np.array_equal(folded.run(None, {"x": x})[0], plain.run(None, {"x": x})[0])
+
+
 @pytest.fixture(scope="module")
 def model():
     return build_llama_tiny()
@@ -68,6 +117,7 @@ def test_low_bit_linears_become_matmulnbits_on_the_packed_bytes(model, name, bit
             assert b.dtype == np.uint8 and b.ndim == 3
             key = b.tobytes() if bits == 4 else (b.astype(np.int16) - 128).astype(np.int8).tobytes()
             assert key in lowered  # the program's packed weight, byte for byte
+            _check_scales(proto, inits, node, lowered[key])
             found += 1
     assert found == 15
 

@@ -11,7 +11,10 @@ initializers' shapes are known, to ``com.microsoft.MatMulNBits``:
   block of the weights' group, symmetric; torchao quantizes per token, asymmetric: the same ~2^-8 rounding at
   another place); weight-only: ``accuracy_level=0`` (float compute).
 
-A bias becomes ``MatMulNBits``'s optional bias input.
+A bias becomes ``MatMulNBits``'s optional bias input. The scales (bfloat16 in the program) are stored float16 (exact)
+and cast to float in the graph; ORT folds the cast at session creation (``ORT_ENABLE_BASIC`` and above), before
+it prepacks: with ``ORT_DISABLE_ALL`` nothing folds, ``MatMulNBits`` sees non-constant scales and computes in
+float whatever its ``accuracy_level``.
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ def _register_schemas() -> None:
         return
     param, attr = defs.OpSchema.FormalParameter, defs.OpSchema.Attribute
     optional = defs.OpSchema.FormalParameterOption.Optional
-    types = [("T", ["tensor(float)"], "activations"), ("W", ["tensor(uint8)", "tensor(int8)"], "packed weights")]
+    types = [("T", ["tensor(float)"], "activations"), ("W", ["tensor(uint8)", "tensor(int8)"], "packed weights"),
+             ("S", ["tensor(float)", "tensor(bfloat16)", "tensor(float16)"], "scales")]
     for name, attrs in (("LinearQ4", ("group_size", "act_quant")), ("LinearQ8", ("act_quant",))):
         defs.register_schema(defs.OpSchema(
             name, DOMAIN, 1,
-            inputs=[param("x", "T"), param("weight", "W"), param("scales", "T"),
+            inputs=[param("x", "T"), param("weight", "W"), param("scales", "S"),
                     param("bias", "T", param_option=optional)],
             outputs=[param("y", "T")], type_constraints=types,
             attributes=[attr(a, defs.OpSchema.AttrType.INT, a) for a in attrs]))
@@ -112,13 +116,35 @@ def _new_name(graph: Any, base: str) -> str:
     return name
 
 
-def _matmul_nbits(node: Any, weights: _Weights) -> Any:
-    from onnx import helper, numpy_helper
+def _scales_input(weights: _Weights, s_name: str, scales: np.ndarray) -> tuple[str, Any | None]:
+    """The float scales input of a ``MatMulNBits`` (which wants them in the activations' type) and the ``Cast``
+    node making it: the model stores them as float16 (each bf16 scale exactly, when all are normal float16
+    numbers), ORT's constant folding turns the ``Cast`` into a float initializer before ``MatMulNBits`` prepacks
+    it (same kernels, same bits: tests/backends/onnxruntime/test_lowbit.py). Scales float16 cannot hold exactly
+    stay float32 (no Cast)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f32 = scales.astype(np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        f16 = f32.astype(np.float16)
+    exact = bool(np.array_equal(f16.astype(np.float32), f32)) and not bool(
+        np.any((f16 != 0) & (np.abs(f16) < np.finfo(np.float16).tiny)))
+    name = _new_name(weights.graph, s_name + "__nbits")
+    if not exact:
+        weights.graph.initializer.append(numpy_helper.from_array(f32, name))
+        return name, None
+    stored = _new_name(weights.graph, s_name + "__f16")
+    weights.graph.initializer.append(numpy_helper.from_array(f16, stored))
+    return name, helper.make_node("Cast", [stored], [name], name=name + "_cast", to=TensorProto.FLOAT)
+
+
+def _matmul_nbits(node: Any, weights: _Weights) -> tuple[Any, Any | None]:
+    from onnx import helper
 
     x, w_name, s_name = node.input[0], node.input[1], node.input[2]
     bias = node.input[3] if len(node.input) > 3 else ""
     w = weights.array(w_name)
-    scales = weights.array(s_name).astype(np.float32)
+    scales = weights.array(s_name)
     n = w.shape[0]
     if node.op_type == "LinearQ4":
         k = w.shape[1] * 2
@@ -129,12 +155,11 @@ def _matmul_nbits(node: Any, weights: _Weights) -> Any:
         block = k
         bits, packed = 8, (w.astype(np.int16) + 128).astype(np.uint8).reshape(n, 1, k)
     weights.put(w_name, np.ascontiguousarray(packed))  # the weight's one reader is this node
-    s_flat = _new_name(weights.graph, s_name + "__nbits")
-    weights.graph.initializer.append(numpy_helper.from_array(scales.reshape(n, -1), s_flat))
+    s_flat, cast = _scales_input(weights, s_name, np.ascontiguousarray(scales.reshape(n, -1)))
     level = 4 if _attr(node, "act_quant", 0) and not (weights.float_dynamic and weights.dynamic) else 0
     inputs = [x, w_name, s_flat] + (["", "", bias] if bias else [])
     return helper.make_node("MatMulNBits", inputs, list(node.output), name=node.name, domain=_MS, K=k, N=n,
-                            bits=bits, block_size=block, accuracy_level=level)
+                            bits=bits, block_size=block, accuracy_level=level), cast
 
 
 def lower_lowbit_nodes(proto: Any, external: list[tuple[str, np.ndarray]], dynamic_compute: str = "int8") -> int:
@@ -153,8 +178,16 @@ def lower_lowbit_nodes(proto: Any, external: list[tuple[str, np.ndarray]], dynam
         raise ExportError(f"onnxruntime: compile spec lowbit_dynamic_compute must be 'int8' or 'float', got "
                           f"{dynamic_compute!r}")
     weights = _Weights(graph, external, dynamic_compute == "float")
+    casts = []
     for i in found:
-        graph.node[i].CopyFrom(_matmul_nbits(graph.node[i], weights))
+        new, cast = _matmul_nbits(graph.node[i], weights)
+        graph.node[i].CopyFrom(new)
+        if cast is not None:
+            casts.append(cast)
+    if casts:  # inputs are initializers only: first in the (topologically sorted) node list
+        nodes = casts + list(graph.node)
+        del graph.node[:]
+        graph.node.extend(nodes)
     used = {i for n in graph.node for i in n.input}
     keep = [t for t in graph.initializer if t.name in used]
     if len(keep) != len(graph.initializer):

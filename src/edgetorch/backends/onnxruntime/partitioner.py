@@ -249,8 +249,8 @@ class OrtPartitioner(Partitioner):
             return f"computes the new value of mutated '{self._mutations[node]}' (kept on the portable backend)"
         ins = _tensor_vals(list(node.args) + list(node.kwargs.values()))
         for v in ins + outs:
-            if v.dtype not in _ops.TENSOR_DTYPES:
-                return f"dtype {v.dtype} is not supported"
+            if v.dtype not in _ops.TENSOR_DTYPES and not (v.dtype == torch.bfloat16 and node.target in _ops.LOWBIT_OPS):
+                return f"dtype {v.dtype} is not supported"  # (bf16: a low-bit linear's scales, cast when lowered)
             problem = _dims_problem(v, self._ranges)
             if problem is not None:
                 return problem
