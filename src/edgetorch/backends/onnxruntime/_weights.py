@@ -12,7 +12,6 @@ embedding was copied by each of the two methods' sessions.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -74,8 +73,9 @@ def inline(model: bytes, arrays: Mapping[str, np.ndarray]) -> bytes:
 
 def shared_session(named_data: object, blob: memoryview | bytes, options: Mapping[str, str],
                    build: Callable[[], Any]) -> Any:
-    """The plain session of a delegate, shared by every delegate of the same program whose blob has the same
-    content and the same runtime options (``build()`` makes it the first time).
+    """The plain session of a delegate, shared by every delegate of the same program that reads the same stored
+    blob (emission stores identical blobs once) with the same runtime options (``build()`` makes it the first
+    time). Keyed on the blob's place in the loaded program, not its content: nothing to hash at load.
 
     A multi-method program whose methods lower the same graph (an LLM's prefill and decode exported from one
     dynamic-length graph) stores the blob once and both methods' delegates point at it: one ORT session, one
@@ -85,7 +85,8 @@ def shared_session(named_data: object, blob: memoryview | bytes, options: Mappin
     owner = getattr(named_data, "__self__", None)
     if owner is None or not hasattr(owner, "__dict__"):
         return build()
-    key = (hashlib.sha256(blob).hexdigest(), tuple(sorted(options.items())))
+    view = np.frombuffer(blob, dtype=np.uint8)
+    key = (view.ctypes.data, view.nbytes, tuple(sorted(options.items())))
     cache = owner.__dict__.setdefault("_onnxruntime_sessions", {})
     if key not in cache:
         cache[key] = build()
