@@ -119,3 +119,25 @@ def test_an_attribute_offset_moved_by_one_byte_is_refused(artifacts):
     bad = _edit_reference(data, "reference/0.json", edit)
     with pytest.raises(ETRecordFormatError, match="offset 1 is not a multiple of 64"):
         parse_etrecord(bad).reference_graph("forward")
+
+
+def test_a_stored_program_calls_no_higher_order_op_but_cond_and_the_delegate_call():
+    """A higher-order operator runs callables the file names: only ``cond`` (branches held by the program) and
+    the delegate call pass the load check; ``while_loop`` (and ``map``, ``auto_functionalized``...) is refused
+    by name."""
+    from torch._higher_order_ops.while_loop import while_loop
+
+    from edgetorch.devtools.etrecord._program_serde import ProgramDataError, check_program_targets
+
+    class Loop(torch.nn.Module):
+        def forward(self, x):
+            return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (torch.tensor(0), x))[1]
+
+    class Branch(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda y: y * 2, lambda y: y - 1, (x,))
+
+    x = torch.randn(4)
+    with pytest.raises(ProgramDataError, match="while_loop"):
+        check_program_targets(torch.export.export(Loop(), (x,)))
+    check_program_targets(torch.export.export(Branch(), (x,)))  # cond: allowed, its branches checked too

@@ -207,12 +207,18 @@ def check_graph_json(doc: Any) -> bool:
     return changed
 
 
+#: higher-order operators a stored program may call: ``cond`` (its branches are submodules of the program, checked
+#: like it) and the delegate call (its lowered module is the program's own attribute); any other (``map``,
+#: ``while_loop``, ``auto_functionalized`` calling an operator passed as an argument, ...) is refused by name
+_ALLOWED_HIGHER_ORDER = frozenset({"cond", "executorch_call_delegate"})
+
+
 def _allowed_callable(t: Any) -> bool:
     if isinstance(t, torch._ops.OpOverload):  # the runtime's allow-list, or an operator the user registered
         name, _, overload = operator_key(t).rpartition(".")
         return is_operator_allowed(name, overload)
-    if isinstance(t, torch._ops.HigherOrderOperator):
-        return True
+    if isinstance(t, torch._ops.HigherOrderOperator):  # only those whose every callee the program itself holds
+        return t.name() in _ALLOWED_HIGHER_ORDER
     try:
         return t is operator.getitem or t in _serde()._SYM_OPS
     except TypeError:  # unhashable
