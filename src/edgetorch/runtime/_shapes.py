@@ -140,7 +140,8 @@ class ShapeBinder:
             if not s.min <= v <= s.max:
                 raise RuntimeInputError(
                     f"method '{self.method}': dynamic dim {s.name} is {v}, outside its bounds [{s.min}, {s.max}] "
-                    f"the program was exported with (torch.export.Dim min/max)")
+                    "the program was planned for (torch.export.Dim min/max, or the example's sizes under "
+                    "HintBasedSymShapeEvalPass)")
             env[k] = v
 
     def apply(self, slots: list, arena_views: Callable[[torch.dtype], torch.Tensor]) -> None:
