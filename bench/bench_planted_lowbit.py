@@ -223,7 +223,7 @@ def main() -> None:
         sites = SITES["llama_tiny" if family == "llama_tiny" else "hf"]
         cases = []
         for i in range(args.plants):
-            path = sites[i % len(sites)].format((i + i // len(sites)) % 2)
+            path = sites[i % len(sites)].format((i % len(sites) + i // len(sites)) % 2)
             c = _case(base, prompt, path, i, clean["agreement"], args)
             cases.append(c)
             print(f"  {family} {path} x{c['factor']}: {'effective' if c['effective'] else 'NOT effective'}, "

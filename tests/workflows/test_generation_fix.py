@@ -178,3 +178,10 @@ def test_ranking_puts_the_abnormal_layer_before_its_downstream_victim():
     clean = pd.Series({p: v for p, v in own.items() if p != "v"}).sort_values()
     assert abnormal_layers(clean) == []
     assert abnormal_layers(pd.Series({"a": 1.0, "b": 20.0})) == []  # too few layers to judge
+    # the fix: the abnormal layer goes to float at once (its outliers ruin int8 per-channel scales too), the
+    # next worst to int8; an int8 layer still ranked worst goes to float
+    from edgetorch.workflows.generation_fix import _next_kept
+
+    assert _next_kept(["v", "o", "output"], [], [], "int8", 2, 8, ["v"]) == (["o"], ["v"])
+    assert _next_kept(["o", "output"], ["o"], ["v"], "int8", 1, 8, []) == ([], ["v", "o"])
+    assert _next_kept(["o"], [], [], "int8", 1, 0, []) is None  # nothing left within top

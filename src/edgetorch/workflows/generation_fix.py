@@ -29,7 +29,8 @@ and dynamic shapes are known; pass ``method_inputs`` / ``dynamic_shapes`` for an
    worst own SQNR first: a layer downstream of them merely inherits their error), then the others by mean share
    of the logit error (the error that changes tokens), then by mean own SQNR.
 4. **Fix**, at most ``max_reexports`` exports: the abnormal layers at once (first step), then the worst layer of
-   the last program's ranking, are kept at int8
+   the last program's ranking, are kept at int8 (an abnormal layer in float at once: the outliers that ruined its
+   int4 group scales ruin its int8 per-channel scales as much)
    weight-only (``keep="int8"``, the recipe's ``int8_module_paths``: 4x smaller than float) or in float
    (``keep="float"``, ``exclude_module_paths``); a layer already at int8 that is still ranked worst is moved to
    float (int8 per output channel cannot absorb every outlier). When agreement did not improve with one more
@@ -284,9 +285,10 @@ def _ranking(df: pd.DataFrame) -> list[str]:
 
 # -- search -----------------------------------------------------------------------------------------------------
 def _next_kept(ranking: list[str], int8: list[str], flt: list[str], keep: str, width: int,
-               top: int) -> tuple[list[str], list[str]] | None:
+               top: int, abnormal: tuple[str, ...] | list[str] = ()) -> tuple[list[str], list[str]] | None:
     """The layers kept after the next step: the ``width`` worst layers of ``ranking`` not in float yet are each
-    promoted (quantized -> int8, or float when ``keep="float"``; int8 -> float)."""
+    promoted (quantized -> int8, or float when ``keep="float"``; int8 -> float); an ``abnormal`` layer goes to
+    float at once (the outliers that ruined its int4 group scales ruin its int8 per-channel scales as much)."""
     int8, flt = list(int8), list(flt)
     moved = 0
     for p in ranking:
@@ -299,6 +301,8 @@ def _next_kept(ranking: list[str], int8: list[str], flt: list[str], keep: str, w
             flt.append(p)
         elif len(int8) + len(flt) >= top:
             continue
+        elif p in abnormal:
+            flt.append(p)
         elif keep == "int8":
             int8.append(p)
         else:
@@ -371,7 +375,7 @@ def find_generation_fix(model: torch.nn.Module, prompt: torch.Tensor, recipe_typ
         last = result.steps[-1]
         if len(result.steps) >= 2 and last.agreement <= result.steps[-2].agreement:
             width *= 2  # one more layer did not help: the next step keeps more at once
-        kept = _next_kept(last.ranking, int8, flt, keep, width, top)
+        kept = _next_kept(last.ranking, int8, flt, keep, width, top, last.abnormal)
         if kept is None:
             say("no layer left to keep within top=" + str(top))
             break
