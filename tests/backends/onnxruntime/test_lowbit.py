@@ -110,6 +110,7 @@ def test_low_bit_linears_become_matmulnbits_on_the_packed_bytes(model, name, bit
     found = 0
     for proto, inits in _onnx_models(session, "decode"):
         assert not any(n.domain == "edgetorch.lowbit" for n in proto.graph.node)
+        assert not any(n.metadata_props for n in proto.graph.node)  # compiler-only metadata dropped (size)
         for node in (n for n in proto.graph.node if n.op_type == "MatMulNBits"):
             attrs = {a.name: a.i for a in node.attribute}
             assert attrs["bits"] == bits and attrs["accuracy_level"] == level

@@ -1,4 +1,5 @@
-"""Operator fusions on a delegate's serialized ONNX model that ONNX Runtime's own optimizer misses."""
+"""Rewrites of a delegate's serialized ONNX model: operator fusions ONNX Runtime's own optimizer misses, and
+dropping what only the compiler reads."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["fuse_gelu"]
+__all__ = ["fuse_gelu", "strip_node_metadata"]
 
 
 def _scalar_constants(g: Any) -> dict[str, float]:
@@ -80,3 +81,18 @@ def fuse_gelu(proto: Any) -> None:
     g.node.extend(nodes)
     if not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+
+
+def strip_node_metadata(graph: Any) -> int:
+    """Drops every node's ``metadata_props`` (torch.onnx's FX node names, stack traces, module paths: read once,
+    by the debug tables, and never at run time), in subgraphs too; returns the bytes saved (llama_100m 8da4w:
+    about 4.5 MB of the ORT blobs)."""
+    saved = 0
+    for node in graph.node:
+        if node.metadata_props:
+            saved += sum(len(p.key) + len(p.value) for p in node.metadata_props)
+            del node.metadata_props[:]
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                saved += strip_node_metadata(sub)
+    return saved

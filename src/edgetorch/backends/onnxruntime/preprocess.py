@@ -28,7 +28,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgetorch.backends.onnxruntime import _blob
-from edgetorch.backends.onnxruntime._fusions import fuse_gelu
+from edgetorch.backends.onnxruntime._fusions import fuse_gelu, strip_node_metadata
 from edgetorch.backends.onnxruntime._lowbit import lower_lowbit_nodes, register_lowbit_ops
 from edgetorch.backends.onnxruntime.ops import REWRITTEN, op_name, quantize_ops
 from edgetorch.errors import ExportError
@@ -644,6 +644,7 @@ def lower_partition(ep: ExportedProgram, specs: dict[str, str],
     for name in _fold_weight_transposes(proto, set(tables["intermediates"])):
         tables["nodes"].pop(name, None)
     _externalize_inline(proto, external)
+    strip_node_metadata(proto.graph)  # the debug tables above hold what the runtime needs of it
     model_bytes = proto.SerializeToString()
     header = {
         "format": "edgetorch.onnxruntime",
