@@ -17,6 +17,7 @@ from typing import Any
 from edgetorch.errors import ProgramFormatError, artifact_io_error
 from edgetorch.formats import plan_check
 from edgetorch.formats import program as pf
+from edgetorch.formats.alignment import release_mapped_range
 
 __all__ = ["LoadedFile", "read_data", "body_digest", "verify_hash", "parse"]
 
@@ -60,15 +61,8 @@ class LoadedFile:
         memory and reads them back from the file if they are touched again. Programs in memory (bytes) keep
         them. Returns the bytes released."""
         view = self.named_data(key)
-        if not isinstance(self.buffer, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
-            return 0
         start = self.segment_base + dict((k, o) for k, o, _ in self.program.named_data)[key]
-        page = mmap.PAGESIZE
-        lo, hi = -(-start // page) * page, (start + view.nbytes) // page * page
-        if hi <= lo:
-            return 0
-        self.buffer.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-        return hi - lo
+        return release_mapped_range(self.buffer, start, start + view.nbytes)
 
 
 def read_data(data: Any) -> tuple[Any, str | None]:

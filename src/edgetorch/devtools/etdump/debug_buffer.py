@@ -18,6 +18,7 @@ import torch
 
 from edgetorch.errors import ArtifactMismatchError, ETDumpFormatError, artifact_io_error
 from edgetorch.formats import etdump as ed
+from edgetorch.formats.alignment import release_mapped_range
 from edgetorch.formats.dtypes import PLAIN_CODE_TO_DTYPE, contiguous_strides
 from edgetorch.formats.etdump_executorch import read_any_etdump
 
@@ -181,13 +182,8 @@ class DebugBuffer:
         touched, so a long analysis that visits a large buffer once, call by call, holds one call's values at a
         time rather than the whole buffer. (A tensor changed in place would lose its changes; the Inspector
         never changes logged values.) A no-op for a buffer given as bytes."""
-        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        end = self.size if end is None else min(end, self.size)
-        first = -(-max(start, 0) // mmap.PAGESIZE) * mmap.PAGESIZE
-        last = end // mmap.PAGESIZE * mmap.PAGESIZE if end < len(self._mmap) else len(self._mmap)
-        if last > first:
-            self._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)
+        if self._mmap is not None:
+            release_mapped_range(self._mmap, start, self.size if end is None else min(end, self.size))
 
     def check(self, etdump: ed.ETDump) -> None:
         """Checks that this buffer was written with ``etdump`` (``check_identity``), is at least as long as the
