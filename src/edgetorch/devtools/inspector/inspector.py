@@ -160,6 +160,13 @@ class Inspector:
 
         return DebugBuffer(b"").value(value)  # scalars need no buffer
 
+    def release_debug_buffer_pages(self) -> None:
+        """Lets the OS drop the pages of the debug buffer file this process has read so far (values read later
+        fault back in from the file): an analysis that visits a large buffer once, call by call, then holds one
+        call's values at a time. Tensors already handed out stay valid. A no-op without a mapped buffer."""
+        if self._debug_buffer is not None:
+            self._debug_buffer.release_pages()
+
     def _tensor(self, t: ed.Tensor) -> torch.Tensor | None:
         if t.numel == 0:
             return torch.empty(t.sizes, dtype=t.dtype)
