@@ -56,3 +56,14 @@ def assert_reference_rows(ins, ref: dict, name: str) -> None:  # noqa: ANN001 - 
             assert ours[key][0] == pytest.approx(row["gap"][0], rel=1e-6, abs=0), (name, metric, key)
         if metric == "MSE":
             assert len(ins.find_culprits(df)) == 0, name
+
+
+def handle_reading(rec, param: str) -> int:
+    """The debug handle of the ATen op that reads parameter ``param`` of a reference record's program (an
+    independent walk of the program: where a planted fault in ``param`` first shows)."""
+    from edgetorch.exir.debug_handles import get_debug_handle
+
+    ep = rec.exported_programs["forward"]
+    placeholder = {v: k for k, v in ep.graph_signature.inputs_to_parameters.items()}[param]
+    node = next(n for n in ep.graph.nodes if n.name == placeholder)
+    return next(get_debug_handle(u) for u in node.users if get_debug_handle(u))

@@ -16,7 +16,7 @@ from edgetorch.devtools.etrecord import parse_etrecord
 from edgetorch.formats import etdump as ed
 from edgetorch.formats.etdump_executorch import read_any_etdump
 from edgetorch.formats.handles import DELEGATE_CALL, KERNEL
-from tests.devtools._reference_data import DATA, FAULTS, assert_reference_rows, debug_buffer, unpack
+from tests.devtools._reference_data import DATA, FAULTS, assert_reference_rows, debug_buffer, handle_reading, unpack
 
 NAMES = [f"{m}_{b}" for m in ("mlp", "cnn", "mobilenet", "cnn_int8") for b in ("portable", "xnnpack")]
 NAMES += ["vit_portable", "vit2h_xnnpack"]  # vit2h: two heads, an unbind XNNPACK splits, a dim-order clone
@@ -167,16 +167,6 @@ def test_size_prefix_is_checked():
         read_any_etdump(bytes(bad))
 
 
-def _fault_handle(rec, param: str) -> int:
-    """The debug handle of the ATen op that reads parameter ``param`` (an independent walk of the program)."""
-    from edgetorch.exir.debug_handles import get_debug_handle
-
-    ep = rec.exported_programs["forward"]
-    placeholder = {v: k for k, v in ep.graph_signature.inputs_to_parameters.items()}[param]
-    node = next(n for n in ep.graph.nodes if n.name == placeholder)
-    return next(get_debug_handle(u) for u in node.users if get_debug_handle(u))
-
-
 def test_planted_faults_are_named_top1():
     """32 reference programs, each with one parameter perturbed before export and run by the reference's
     runtime, debugged against the clean ETRecord: the first culprit covers the perturbed op every time, where
@@ -187,7 +177,7 @@ def test_planted_faults_are_named_top1():
     for f in index:
         name = f"{f['model']}_{f['backend']}"
         rec = records.get(name) or records.setdefault(name, parse_etrecord(DATA / f"{name}_etrecord.bin"))
-        want = _fault_handle(rec, f["param"])
+        want = handle_reading(rec, f["param"])
         ins = Inspector(etdump_path=FAULTS / f["etdump"], etrecord=rec,
                         debug_buffer_path=unpack(FAULTS / f["debug_buffer"]))
         culprits = ins.find_culprits(ins.calculate_numeric_gap("MSE"))

@@ -9,16 +9,7 @@ import json
 
 from edgetorch.devtools import Inspector
 from edgetorch.devtools.etrecord import parse_etrecord
-from edgetorch.exir.debug_handles import get_debug_handle
-from tests.devtools._reference_data import DATA, FAULTS, unpack
-
-
-def _handle_reading(rec, param: str) -> int:
-    """The debug handle of the op that reads parameter ``param``, walked independently in the record's program."""
-    ep = rec.exported_programs["forward"]
-    placeholder = {v: k for k, v in ep.graph_signature.inputs_to_parameters.items()}[param]
-    node = next(n for n in ep.graph.nodes if n.name == placeholder)
-    return next(get_debug_handle(u) for u in node.users if get_debug_handle(u))
+from tests.devtools._reference_data import DATA, FAULTS, handle_reading, unpack
 
 
 def test_constants_perturbed_in_the_reference_pte_are_named_top1():
@@ -32,7 +23,7 @@ def test_constants_perturbed_in_the_reference_pte_are_named_top1():
     for f in faults:
         name = f"{f['model']}_{f['backend']}"
         rec = records.get(name) or records.setdefault(name, parse_etrecord(DATA / f"{name}_etrecord.bin"))
-        want = _handle_reading(rec, f["param"])
+        want = handle_reading(rec, f["param"])
         ins = Inspector(etdump_path=FAULTS / f["etdump"], etrecord=rec,
                         debug_buffer_path=unpack(FAULTS / f["debug_buffer"]))
         culprits = ins.find_culprits(ins.calculate_numeric_gap("MSE"))

@@ -262,20 +262,21 @@ def _refused(data: bytes, edit, field: str, match: str, minimal: bool = True) ->
         assert field in ei.value.field, (ei.value.field, field)
 
 
-def _jump(fn):
+def _on_first(kind, fn):
+    """An edit applying ``fn(plan, index, call)`` to the first instruction of ``kind`` of the first method."""
     def edit(prog: pf.ProgramDef) -> None:
         plan = prog.plans[0]
-        k, c = _first(plan, pf.JumpFalseCallDef)
+        k, c = _first(plan, kind)
         fn(plan, k, c)
     return edit
+
+
+def _jump(fn):
+    return _on_first(pf.JumpFalseCallDef, fn)
 
 
 def _move(fn):
-    def edit(prog: pf.ProgramDef) -> None:
-        plan = prog.plans[0]
-        k, c = _first(plan, pf.MoveCallDef)
-        fn(plan, k, c)
-    return edit
+    return _on_first(pf.MoveCallDef, fn)
 
 
 def test_hostile_jump_destination_out_of_range(program):
