@@ -1,6 +1,8 @@
 """The low-bit linear kernels (``edgetorch::linear_q4`` / ``linear_q8``): packing round-trips, the activation
 quantization is torchao's bit for bit, and each op equals torchao's eager quantized linear within the documented
-tolerance on both of its paths (matrix-vector up to ``SMALL_M`` rows, dequantize + GEMM above)."""
+tolerance on each of its paths: the native kernels (``edgetorch.runtime.native``: matrix-vector up to
+``NATIVE_GEMV_ROWS`` rows, dequantize + GEMM above) and the torch-only ones used without a C compiler
+(matrix-vector up to ``SMALL_M`` rows). The native kernels' own arithmetic is checked in test_native_kernels.py."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from edgetorch.runtime import lowbit
+from edgetorch.runtime import lowbit, native
 
 torchao = pytest.importorskip("torchao")
 from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_  # noqa: E402
@@ -18,6 +20,17 @@ from torchao.quantization.granularity import PerAxis, PerGroup  # noqa: E402
 
 #: documented tolerance of the kernels (bf16 operands, fp32 accumulation), relative to the output's magnitude
 REL_TOL = 2e-2
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernel_path(request, monkeypatch):
+    """Run a test on the native kernels (skipped where they cannot be built) and on the torch-only ones."""
+    if request.param == "native":
+        if native.kernels() is None:
+            pytest.skip(f"native kernels unavailable: {native.status()}")
+    else:
+        monkeypatch.setattr(native, "kernels", lambda: None)
+    return request.param
 
 
 def test_int4_packing_round_trips_and_is_two_per_byte():
@@ -74,7 +87,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("rows", [1, 7, lowbit.SMALL_M + 9], ids=["decode", "few", "prefill"])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_op_matches_torchao_eager_within_tolerance(name, rows):
+def test_op_matches_torchao_eager_within_tolerance(name, rows, kernel_path):
     q = _quantized(CONFIGS[name])
     low = _lowered(q)
     x = torch.randn(1, rows, 256, generator=torch.Generator().manual_seed(rows))
@@ -88,7 +101,7 @@ def test_op_matches_torchao_eager_within_tolerance(name, rows):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_out_variant_writes_the_functional_result(bits):
+def test_out_variant_writes_the_functional_result(bits, kernel_path):
     config = CONFIGS["8da4w_g32" if bits == 4 else "int8_weight_only"]
     low = _lowered(_quantized(config))
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5))
@@ -104,7 +117,8 @@ def test_out_variant_writes_the_functional_result(bits):
     assert torch.equal(out, want)
 
 
-def test_int4_kernel_layout_is_made_once_per_weight():
+def test_int4_kernel_layout_is_made_once_per_weight(monkeypatch):
+    monkeypatch.setattr(native, "kernels", lambda: None)  # the torch-only path (the native one caches nothing)
     low = _lowered(_quantized(CONFIGS["8da4w_g32"]))
     x = torch.randn(1, 256)
     low(x)
@@ -123,7 +137,7 @@ def test_chunked_conversion_to_the_cpu_layout_gives_the_whole_weights_bytes():
                        torch.ops.aten._convert_weight_to_int4pack_for_cpu(whole, 1))
 
 
-def test_prefill_dequantization_is_the_weights_in_bf16():
+def test_prefill_dequantization_is_the_weights_in_bf16(kernel_path):
     g = torch.Generator().manual_seed(4)
     q = torch.randint(-8, 8, (64, 128), generator=g, dtype=torch.int8)
     scales = torch.rand(64, 4, generator=g)
@@ -131,7 +145,7 @@ def test_prefill_dequantization_is_the_weights_in_bf16():
     assert torch.equal(lowbit._dequant_bf16(lowbit.pack_int4(q), scales, 32), want.to(torch.bfloat16))
 
 
-def test_a_wide_prefill_in_row_chunks_matches_the_whole_weight(monkeypatch):
+def test_a_wide_prefill_in_row_chunks_matches_the_whole_weight(monkeypatch, kernel_path):
     g = torch.Generator().manual_seed(6)
     weight = lowbit.pack_int4(torch.randint(-8, 8, (1024, 64), generator=g, dtype=torch.int8))
     scales = torch.rand(1024, 2, generator=g) * 0.1
@@ -144,7 +158,8 @@ def test_a_wide_prefill_in_row_chunks_matches_the_whole_weight(monkeypatch):
     torch.testing.assert_close(chunked.float(), whole.float(), rtol=1e-2, atol=1e-2)
 
 
-def test_prefills_of_weights_of_other_shapes_reuse_the_scratch_buffers_without_mixing_them(monkeypatch):
+def test_prefills_of_weights_of_other_shapes_reuse_the_scratch_buffers_without_mixing_them(monkeypatch,
+                                                                                           kernel_path):
     """The dequantization writes into per-thread buffers reused by every call: a smaller weight after a larger
     one (and back) must give exactly the GEMM of its own bf16 weight, and the buffers stay one per kind."""
     monkeypatch.setattr(lowbit, "_SCRATCH", threading.local())  # this thread's buffers start empty
@@ -158,4 +173,6 @@ def test_prefills_of_weights_of_other_shapes_reuse_the_scratch_buffers_without_m
         cases.append((xb, lowbit.pack_int4(q), scales, torch.mm(xb, w.to(torch.bfloat16).t())))
     for xb, packed, scales, want in cases + cases[::-1]:
         assert torch.equal(lowbit._dequant_mm(xb, packed, scales, 32), want)
-    assert lowbit._SCRATCH.bf16.numel() == 256 * 128 and lowbit._SCRATCH.nibbles.numel() == 256 * 64
+    assert lowbit._SCRATCH.bf16.numel() == 256 * 128
+    if kernel_path == "torch":
+        assert lowbit._SCRATCH.nibbles.numel() == 256 * 64

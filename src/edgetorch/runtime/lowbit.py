@@ -16,31 +16,43 @@ never needs the compiler or torchao to run a low-bit program).
 ``act_quant=True`` first quantizes ``x`` per token to int8 (asymmetric, torchao's ``int8_asym_per_token``: the
 same arithmetic as torchao's eager model, bit for bit) and dequantizes it: 8da4w.
 
-Kernels (chosen by measurement on x86 AVX-512/AMX, docs/performance.md): the activations go to bfloat16, then
+Kernels (chosen by measurement on x86 AVX-512/AMX, docs/performance.md):
 
-- int4, up to ``SMALL_M`` rows (decode): torch's ``_weight_int4pack_mm_for_cpu``. Its weight layout depends on
-  the CPU (AVX2 and AVX-512 builds pack differently), so the portable two-per-byte layout above is what the
-  program stores, converted once per weight on first use and cached (int4 in memory, never float);
-- int4, more rows (prefill): the weight is dequantized to bfloat16 per call, one bfloat16 GEMM (AMX/oneDNN);
+- int4, the native kernels (``edgetorch.runtime.native``, built on first use with the machine's C compiler): up
+  to ``NATIVE_GEMV_ROWS`` rows (decode) a matrix-vector product straight from the program's packed bytes (8da4w
+  with AVX-512 VNNI: the activations quantized per token in C, the same integers as torchao's, exact int32 sums per
+  group; otherwise float32 arithmetic), so no unpacked copy of any weight exists; above (prefill) the weight is
+  dequantized to bfloat16 in one pass per call and multiplied in one bfloat16 GEMM (AMX/oneDNN);
+- int4 without a C compiler: the activations go to bfloat16, up to ``SMALL_M`` rows torch's
+  ``_weight_int4pack_mm_for_cpu`` (its weight layout depends on the CPU, so the program's two-per-byte layout is
+  converted once per weight on first use and cached: int4 in memory, never float), above it the same
+  dequantize-and-GEMM in torch ops;
 - int8: ``_weight_int8pack_mm`` straight on the program's bytes (no copy), bfloat16 GEMM above ``SMALL_M`` rows.
 
-Tolerance: bfloat16 activations and scales (8 significant bits) and fp32 accumulation; the result differs from
+Tolerance: bfloat16 scales; in the GEMMs and torch's kernels also bfloat16 weights and outputs (8 significant bits),
+fp32 accumulation; the result differs from
 torchao's float32 eager arithmetic by about 2^-8 of the output's magnitude (``tests/runtime/test_lowbit.py``:
 max abs error <= 2e-2 * max |y| on each layer).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
 import weakref
 
 import torch
 
+from edgetorch.runtime import native
+
 __all__ = ["OPERATORS", "SMALL_M", "fake_quant_per_token", "pack_int4", "quantize_per_token", "unpack_int4"]
 
-#: rows up to which the int4 matrix-vector kernel is used (above: dequantize + GEMM)
+#: rows up to which the int4 matrix-vector kernel is used (above: dequantize + GEMM); torch-only kernels
 SMALL_M = 32
+#: rows up to which the native matrix-vector kernels run (above: native dequantization + one bf16 GEMM): at 8 rows
+#: the GEMV and the dequantize-and-GEMM cost about the same on a 2048 x 768 weight (docs/performance.md)
+NATIVE_GEMV_ROWS = 4
 _KERNEL_GROUPS = (256, 128, 64, 32)
 _BF16 = torch.bfloat16
 _SMALLEST_NORMAL = torch.finfo(torch.float32).smallest_normal
@@ -90,11 +102,12 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | fl
     for one token). ``clamp(round(x / s) + zp, -128, 127) - zp`` is computed as ``clamp(round(x / s), -128 - zp,
     127 - zp)``: the same integers."""
     if x.shape[0] == 1:
-        mn, mx = torch.aminmax(x)
-        scale, inv, zp = _token_qparams(mn.item(), mx.item())
-        t = torch.mul(x, inv)
-        t.round_().clamp_(-128 - zp, 127 - zp)
-        return t, scale
+        lo, hi = (v.item() for v in torch.aminmax(x))
+        if math.isfinite(lo) and math.isfinite(hi):  # else the tensor arithmetic below propagates NaN, as torchao
+            scale, inv, zp = _token_qparams(lo, hi)
+            t = torch.mul(x, inv)
+            t.round_().clamp_(-128 - zp, 127 - zp)
+            return t, scale
     mn, mx = torch.aminmax(x, dim=-1, keepdim=True)
     min_neg, max_pos = torch.clamp(mn, max=0.0), torch.clamp(mx, min=0.0)
     scale = torch.clamp((max_pos - min_neg) / 255.0, min=_SMALLEST_NORMAL)
@@ -159,6 +172,13 @@ def _dequant_bf16(weight: torch.Tensor, scales: torch.Tensor, group_size: int,
     result (no uint8 interleave: ``torch.stack`` was the largest single cost of a prefill), then one ``sub_`` and
     one ``mul_`` in place (the same bits as converting, subtracting and scaling in turn)."""
     n, k = weight.shape[0], weight.shape[1] * 2
+    kernels = native.kernels()
+    if kernels is not None and group_size % 2 == 0 and weight.is_contiguous():
+        w = torch.empty(n, k, dtype=_BF16) if out is None else out.view(n, k)
+        s16 = scales.to(_BF16).contiguous()
+        kernels.dequant_bf16(weight.data_ptr(), s16.data_ptr(), n, k, group_size, w.data_ptr(),
+                             torch.get_num_threads())
+        return w
     w = torch.empty(n, k // 2, 2, dtype=_BF16) if out is None else out.view(n, k // 2, 2)
     torch.bitwise_and(weight, 15, out=_nibble_scratch(weight))
     w[..., 0].copy_(_nibble_scratch(weight))
@@ -209,6 +229,52 @@ def _dequant_mm(xb: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, gr
     return y_t.t()
 
 
+def _check_q4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
+    """Refuse arguments whose shapes disagree (the native kernels trust them), naming the argument."""
+    if weight.dtype != torch.uint8 or weight.dim() != 2:
+        raise ValueError(f"linear_q4: weight must be uint8 [N, K/2], got {weight.dtype} {list(weight.shape)}")
+    n, k = weight.shape[0], weight.shape[1] * 2
+    if group_size <= 0 or k % group_size:
+        raise ValueError(f"linear_q4: group_size {group_size} does not divide K = {k}")
+    if scales.dim() != 2 or tuple(scales.shape) != (n, k // group_size):
+        raise ValueError(f"linear_q4: scales must be [{n}, {k // group_size}], got {list(scales.shape)}")
+    if x.dim() == 0 or x.shape[-1] != k:
+        raise ValueError(f"linear_q4: x's last dimension must be K = {k}, got {list(x.shape)}")
+
+
+def _native_q4(kernels: native.NativeKernels, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+               group_size: int, act_quant: bool) -> tuple[torch.Tensor, torch.Tensor | float | None] | None:
+    """The GEMM result and the per-token scale still to apply, from the native kernels; ``None`` where they do
+    not apply (an odd group, a NaN or infinity in 8-bit activations: the torch path propagates those)."""
+    n, k = weight.shape[0], weight.shape[1] * 2
+    if group_size % 2 or not weight.is_contiguous():
+        return None
+    x2 = x.reshape(-1, k).float().contiguous()
+    rows, threads = x2.shape[0], torch.get_num_threads()
+    if rows > NATIVE_GEMV_ROWS:
+        if not act_quant:
+            return _dequant_mm(x2.to(_BF16), weight, scales, group_size), None
+        centered, token_scale = torch.empty(rows, k, dtype=_BF16), torch.empty(rows, 1)
+        if kernels.quantize_rows_bf16(x2.data_ptr(), rows, k, centered.data_ptr(), token_scale.data_ptr(), threads):
+            return None
+        return _dequant_mm(centered, weight, scales, group_size), token_scale
+    s16 = scales.to(_BF16).contiguous()
+    y = torch.empty(rows, n)
+    if act_quant and kernels.has_vnni and k % 128 == 0 and group_size % 32 == 0:
+        xu, token_scale, zp128 = torch.empty(rows, k, dtype=torch.uint8), torch.empty(rows), torch.empty(rows)
+        if kernels.quantize_rows(x2.data_ptr(), rows, k, xu.data_ptr(), token_scale.data_ptr(), zp128.data_ptr()):
+            return None
+        kernels.q8q4_gemv(xu.data_ptr(), rows, token_scale.data_ptr(), zp128.data_ptr(), weight.data_ptr(),
+                          s16.data_ptr(), n, k, group_size, y.data_ptr(), threads)
+        return y, None
+    token_scale = None
+    if act_quant:
+        x2, token_scale = quantize_per_token(x2)
+        x2 = x2.contiguous()
+    kernels.gemv_f32(x2.data_ptr(), rows, weight.data_ptr(), s16.data_ptr(), n, k, group_size, y.data_ptr(), threads)
+    return y, token_scale
+
+
 def _prepare(x: torch.Tensor, k: int, act_quant: bool) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """The bf16 GEMM operand and the per-token scale to apply after the GEMM (8da4w: the operand is the exact
     integer ``q - zero_point``, which bf16 holds exactly, so only the weights' side is rounded)."""
@@ -236,8 +302,12 @@ def _finish(y: torch.Tensor, x: torch.Tensor, token_scale: torch.Tensor | float 
 
 def _q4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, group_size: int,
         act_quant: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-    k = weight.shape[1] * 2
-    xb, token_scale = _prepare(x, k, act_quant)
+    _check_q4(x, weight, scales, group_size)
+    kernels = native.kernels()
+    done = None if kernels is None else _native_q4(kernels, x, weight, scales, group_size, act_quant)
+    if done is not None:
+        return _finish(done[0], x, done[1], bias, out)
+    xb, token_scale = _prepare(x, weight.shape[1] * 2, act_quant)
     if xb.shape[0] <= SMALL_M:
         packed, sz, g = _cpu_int4(weight, scales, group_size)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, g, sz)
