@@ -4,6 +4,7 @@ the private build cache, and the argument checks that stand between a program's 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 
@@ -14,6 +15,23 @@ from edgetorch.runtime import lowbit, native
 
 KERNELS = native.kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"native kernels unavailable: {native.status()}")
+
+
+@pytest.fixture(scope="module", params=["native", "generic"])
+def built(request, tmp_path_factory):
+    """The kernels built for this CPU, and built for a generic x86-64 (the C path of CPUs without AVX-512)."""
+    if request.param == "native":
+        return KERNELS
+    if native.platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the generic build is x86-64")
+    os.environ["EDGETORCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("generic"))
+    try:
+        path = native._build(native._compiler(), arch="x86-64-v2")
+    finally:
+        del os.environ["EDGETORCH_CACHE_DIR"]
+    lib = native.NativeKernels(ctypes.CDLL(str(path)), path)
+    assert not lib.has_avx512 and not lib.has_vnni
+    return lib
 
 
 def _weights(n: int, k: int, group: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -28,22 +46,22 @@ SHAPES = [(96, 256, 32), (64, 384, 128), (40, 96, 32), (24, 80, 40), (16, 64, 64
 
 
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)
-def test_dequantization_gives_the_same_bits_as_torch(n, k, group):
+def test_dequantization_gives_the_same_bits_as_torch(n, k, group, built):
     packed, scales, _ = _weights(n, k, group, 1)
     want = (lowbit.unpack_int4(packed).to(torch.bfloat16).view(n, k // group, group)
             * scales.unsqueeze(-1)).view(n, k)  # bf16 arithmetic, as the torch-only path computes it
     got = torch.empty(n, k, dtype=torch.bfloat16)
-    KERNELS.dequant_bf16(packed.data_ptr(), scales.data_ptr(), n, k, group, got.data_ptr(), 2)
+    built.dequant_bf16(packed.data_ptr(), scales.data_ptr(), n, k, group, got.data_ptr(), 2)
     assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES)
 @pytest.mark.parametrize("rows", [1, 3, 6])
-def test_float_matrix_vector_product_matches_float64(n, k, group, rows):
+def test_float_matrix_vector_product_matches_float64(n, k, group, rows, built):
     packed, scales, dense = _weights(n, k, group, 2)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     y = torch.empty(rows, n)
-    KERNELS.gemv_f32(x.data_ptr(), rows, packed.data_ptr(), scales.data_ptr(), n, k, group, y.data_ptr(), 2)
+    built.gemv_f32(x.data_ptr(), rows, packed.data_ptr(), scales.data_ptr(), n, k, group, y.data_ptr(), 2)
     want = x.double() @ dense.t()
     assert float((y.double() - want).abs().max() / want.abs().max()) < 1e-5
 
@@ -57,11 +75,11 @@ def _token_rows(rows: int, k: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
-def test_bf16_activation_quantization_is_torchaos_integers(rows):
+def test_bf16_activation_quantization_is_torchaos_integers(rows, built):
     x = _token_rows(rows, 192)
     centered, token_scale = lowbit.quantize_per_token(x)
     got, got_scale = torch.empty(rows, 192, dtype=torch.bfloat16), torch.empty(rows)
-    assert KERNELS.quantize_rows_bf16(x.data_ptr(), rows, 192, got.data_ptr(), got_scale.data_ptr(), 2) == 0
+    assert built.quantize_rows_bf16(x.data_ptr(), rows, 192, got.data_ptr(), got_scale.data_ptr(), 2) == 0
     assert torch.equal(got.float(), centered.reshape(rows, 192))
     assert torch.equal(got_scale, torch.as_tensor(token_scale, dtype=torch.float32).reshape(-1))
 

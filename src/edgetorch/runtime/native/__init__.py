@@ -28,7 +28,7 @@ from pathlib import Path
 __all__ = ["NativeKernels", "cache_dir", "kernels", "status"]
 
 _SOURCE = Path(__file__).with_name("q4.c")
-_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
@@ -88,10 +88,12 @@ def _private_dir(path: Path) -> None:
         raise PermissionError(f"{path} is not private to this user")
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, arch: str = "native") -> Path:
+    """The library for ``-march=arch`` (tests also build a generic one: the code path of CPUs without AVX-512)."""
     source = _SOURCE.read_bytes()
+    flags = (*_FLAGS, f"-march={arch}")
     version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), version, _cpu_flags().encode(),
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version, _cpu_flags().encode(),
                                      platform.machine().encode()])).hexdigest()[:20]
     folder = cache_dir()
     _private_dir(folder)
@@ -104,7 +106,7 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".q4-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-lm", "-o", tmp], capture_output=True, timeout=120)
+        done = subprocess.run([cc, *flags, str(_SOURCE), "-lm", "-o", tmp], capture_output=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.decode(errors="replace").strip()[-2000:] or "compiler failed")
         os.chmod(tmp, 0o700)
