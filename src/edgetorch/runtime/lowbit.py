@@ -220,13 +220,12 @@ def _dequant_mm(xb: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, gr
     if n <= _CHUNKED_ABOVE:
         w = _dequant_bf16(weight, scales, group_size, _scratch("bf16", (n, k), _BF16))
         return torch.mm(xb, w.t())
-    y_t = torch.empty(n, xb.shape[0], dtype=_BF16)
-    x_t = xb.t()
+    y = torch.empty(xb.shape[0], n)  # float32, row-major: a transposed result cost a strided copy of it all
     for r in range(0, n, _DEQUANT_ROWS):
         rows = min(_DEQUANT_ROWS, n - r)
         w = _dequant_bf16(weight[r:r + rows], scales[r:r + rows], group_size, _scratch("bf16", (rows, k), _BF16))
-        torch.mm(w, x_t, out=y_t[r:r + rows])
-    return y_t.t()
+        y[:, r:r + rows].copy_(torch.mm(xb, w.t()))
+    return y
 
 
 def _check_q4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
@@ -288,9 +287,13 @@ def _prepare(x: torch.Tensor, k: int, act_quant: bool) -> tuple[torch.Tensor, to
 def _finish(y: torch.Tensor, x: torch.Tensor, token_scale: torch.Tensor | float | None, bias: torch.Tensor | None,
             out: torch.Tensor | None) -> torch.Tensor:
     shape = (*x.shape[:-1], y.shape[-1])
-    if out is None:
+    if out is None and y.dtype == x.dtype and y.is_contiguous():
+        out = y.view(shape)  # a fresh result of the kernel: scaled in place, no copy
+    elif out is None:
         out = torch.empty(shape, dtype=x.dtype)
-    out.copy_(y.view(shape))
+        out.copy_(y.view(shape))
+    else:
+        out.copy_(y.view(shape))
     if isinstance(token_scale, float):
         out.mul_(token_scale)
     elif token_scale is not None:
