@@ -3,7 +3,8 @@
 Layout (little endian)::
 
     0   magic  b"ETORTDLG"
-    8   u32    container version (1; 2 when some initializers lie in the program's named data)
+    8   u32    container version (1; 2 when some initializers lie in the program's named data; 3 when the
+               debug tables are a compressed payload section)
     12  u32    header length H (bytes of UTF-8 JSON)
     16  u64    total blob length (catches truncation)
     24  u32    CRC-32 of the header bytes
@@ -13,7 +14,7 @@ Layout (little endian)::
 
 The header records where the model and every external initializer lie (offsets relative to the payload start
 P) plus everything the runtime needs without parsing the model: input/output names, dtypes and shapes, and
-the debug tables (ONNX value/node name -> edge debug handles). Large initializers are stored outside the
+where the debug tables (ONNX value/node name -> edge debug handles) lie. Large initializers are stored outside the
 ModelProto (marked as external data) so that the runtime can hand ONNX Runtime zero-copy views of the mapped
 program file, shared by every session it builds for the delegate. No pickle anywhere.
 
@@ -21,6 +22,13 @@ Version 2: an initializer entry with a ``key`` (and no ``offset``) is not in the
 program's named data under that key (``PreprocessResult.data_store_output``), shared by every delegate of every
 method that stores the same content; the key is ``"onnxruntime/sha256:<hex>"`` of the bytes. ``unpack`` resolves
 it through the ``named_data`` lookup the runtime hands the backend at init.
+
+Version 3: the debug tables (``values``, ``groups``, ``nodes``, ``intermediates``, ``shapes``, ``stats``) are no
+longer header JSON but one payload section, the header's ``debug_tables`` entry (``offset``, ``nbytes``,
+``raw_nbytes``, ``encoding`` ``"zlib+json/1"``): zlib-compressed compact JSON ``{"groups": [[id, [value names],
+[handles]], ...], "nodes": {...}, "shapes": {...}, "stats": {...}}`` (``values`` and ``intermediates`` are derived
+from ``groups``), about a sixth of the JSON bytes (_debug_tables.py). ``unpack`` returns the same header dict for every
+version: the tables expanded, each checked (``OrtBlobError`` naming ``debug_tables.<table>[...]``).
 """
 
 from __future__ import annotations
@@ -35,13 +43,15 @@ from typing import Any
 
 import numpy as np
 
+from edgetorch.backends.onnxruntime import _debug_tables
 from edgetorch.errors import FormatError
 from edgetorch.formats.alignment import align
 
 MAGIC = b"ETORTDLG"
-CONTAINER_VERSION = 2
-#: container versions this reader reads (1: every initializer in the payload)
-READABLE_VERSIONS = (1, 2)
+CONTAINER_VERSION = 3
+#: container versions this reader reads (1: every initializer in the payload; 2: named data; 3: compressed
+#: debug tables)
+READABLE_VERSIONS = (1, 2, 3)
 #: prefix of the named-data keys of this backend's weights
 NAMED_KEY_PREFIX = "onnxruntime/sha256:"
 _FIXED = struct.Struct("<8sIIQII")
@@ -72,8 +82,11 @@ def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.
          named: dict[str, bytes] | None = None, named_min_bytes: int = 0) -> bytes:
     """Builds a blob; ``header`` gets ``model`` and ``initializers`` entries (payload offsets) added. With
     ``named`` (a dict filled here), initializers of at least ``named_min_bytes`` bytes go there under their
-    content key instead of into the payload (container version 2)."""
+    content key instead of into the payload (container version 2). The debug tables of ``header``
+    (``_debug_tables.KEYS``) are stored compressed in the payload (container version 3)."""
     header = dict(header)
+    header.pop("debug_tables", None)  # an unpacked header's entry: its offsets are the old payload's
+    tables = {k: header.pop(k) for k in _debug_tables.KEYS if k in header}
     parts: list[Any] = []
     pos = 0
 
@@ -88,6 +101,10 @@ def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.
         return off
 
     header["model"] = {"offset": put(model, len(model)), "nbytes": len(model)}
+    if tables:
+        packed, raw_nbytes = _debug_tables.encode(tables)
+        header["debug_tables"] = {"encoding": _debug_tables.ENCODING, "offset": put(packed, len(packed)),
+                                  "nbytes": len(packed), "raw_nbytes": raw_nbytes}
     table = []
     for name, arr in initializers:
         arr = np.ascontiguousarray(arr)
@@ -101,7 +118,7 @@ def pack(header: dict[str, Any], model: bytes, initializers: list[tuple[str, np.
             entry["offset"] = put(raw, arr.nbytes)
         table.append(entry)
     header["initializers"] = table
-    version = 2 if any("key" in e for e in table) else 1
+    version = 3 if tables else 2 if any("key" in e for e in table) else 1
     head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     payload_start = align(_FIXED.size + len(head))
     payload_crc = 0
@@ -136,8 +153,10 @@ def unpack(blob: memoryview | bytes, verify_payload: bool = True,
         raise OrtBlobError("header checksum mismatch: the JSON header is corrupted", field="header")
     try:
         header = json.loads(bytes(head))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise OrtBlobError(f"header is not valid JSON: {e}", field="header") from None
+    if not isinstance(header, dict):
+        raise OrtBlobError(f"header is a JSON {type(header).__name__}, not an object", field="header")
     payload_start = align(_FIXED.size + head_len)
     payload = mv[payload_start:]
     if verify_payload and zlib.crc32(payload) != payload_crc:
@@ -157,6 +176,7 @@ def unpack(blob: memoryview | bytes, verify_payload: bool = True,
         return payload[off:off + size]
 
     model = span(header["model"], "model")
+    header.update(_tables(header, version, span))
     inits: dict[str, np.ndarray] = {}
     for i, e in enumerate(header["initializers"]):
         what = f"initializers[{i}]"
@@ -172,6 +192,31 @@ def unpack(blob: memoryview | bytes, verify_payload: bool = True,
                                field=what)
         inits[str(e["name"])] = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
     return UnpackedBlob(header, model, inits)
+
+
+def _tables(header: dict[str, Any], version: int, span: Callable[[dict, str], memoryview]) -> dict[str, Any]:
+    """The debug tables of a blob, checked: version 3's compressed section (the header holds none of them
+    inline), or the header's own (versions 1 and 2)."""
+    try:
+        if version < 3:
+            _debug_tables.check(header)
+            return {}
+        inline = sorted(k for k in _debug_tables.KEYS if k in header)
+        if inline:
+            raise _debug_tables.DebugTableError(f"debug_tables: the header holds the debug table(s) {inline} "
+                                                "inline, which a version-3 blob stores compressed",
+                                                field="debug_tables")
+        entry = header.get("debug_tables")
+        if entry is None:
+            return {}
+        if not isinstance(entry, dict) or entry.get("encoding") != _debug_tables.ENCODING:
+            enc = entry.get("encoding") if isinstance(entry, dict) else entry
+            raise _debug_tables.DebugTableError(f"debug_tables.encoding: unknown encoding {str(enc)[:40]!r} (this "
+                                                f"runtime reads {_debug_tables.ENCODING!r})",
+                                                field="debug_tables.encoding")
+        return _debug_tables.inflate(span(entry, "debug_tables"), entry.get("raw_nbytes"))
+    except _debug_tables.DebugTableError as e:
+        raise OrtBlobError(e.message, field=e.field) from None
 
 
 def _named_span(e: dict, what: str, named_data: Callable[[str], memoryview] | Mapping[str, bytes] | None,
