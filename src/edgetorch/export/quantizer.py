@@ -61,6 +61,7 @@ from edgetorch.exir.quant_annotations import (
     weight_arg,
     weight_channel_axis,
 )
+from edgetorch.export._capture import export_method
 
 __all__ = ["ANNOTATED_OPS", "FUSED_ACTIVATION_OPS", "WEIGHTED_OPS", "SymmetricQuantizationConfig",
            "SymmetricInt8Quantizer", "capture_float_program", "convert_calibrated", "correct_biases", "float_handle",
@@ -194,7 +195,7 @@ def capture_float_program(model: torch.nn.Module, args: tuple, kwargs: dict | No
     the quantized program (``meta["custom"]["numeric_debug_handle"]``, kept by re-export and ``to_edge``), so
     every quantized op group maps back to its float op. Record the program with
     ``etrecord.add_float_reference(program)`` (export sessions with a quantization recipe do both)."""
-    ep = torch.export.export(model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
+    ep = export_method(model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes, strict=strict)
     generate_numeric_debug_handle(ep)
     return ep
 

@@ -18,6 +18,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgetorch.errors import ExportInputError, ExportSessionError, RecipeError
+from edgetorch.export._capture import export_method
 from edgetorch.export.recipe import LoweringRecipe, QuantizationRecipe
 from edgetorch.export.types import StageType
 
@@ -306,8 +307,8 @@ class TorchExportStage(Stage):
         for method, model in models.items():
             sample = _method_inputs(artifact, method, self.stage_type)[0]
             with torch.no_grad():
-                ep = torch.export.export(model, tuple(sample), dynamic_shapes=shapes.get(method),
-                                         strict=self._strict)
+                ep = export_method(model, tuple(sample), dynamic_shapes=shapes.get(method), strict=self._strict,
+                                   method=method)
             for p in self._passes:
                 ep = p(method, ep)
                 if not isinstance(ep, ExportedProgram):

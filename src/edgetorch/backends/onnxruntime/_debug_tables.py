@@ -128,8 +128,9 @@ def check(tables: dict[str, Any]) -> None:
         if not isinstance(table, dict):
             raise _fail(f"'{key}' is a {type(table).__name__}, not an object", key)
         for name, hs in table.items():
-            _name(name, f"{key}[{name!r}]", "name")
-            _handles(hs, f"{key}[{name!r}]")
+            where = f"{key}[{str(name)[:80]!r}]"
+            _name(name, where, "name")
+            _handles(hs, where)
     if "values" in tables and "groups" in tables and set(tables["values"]) != ids:
         extra = sorted(set(tables["values"]) ^ ids)[:3]
         raise _fail(f"'values' and 'groups' name different delegate debug ids (e.g. {extra})", "values")
@@ -164,7 +165,7 @@ def _shapes(shapes: Any, exposed: set[str] | None) -> None:
     if not isinstance(shapes, dict):
         raise _fail(f"'shapes' is a {type(shapes).__name__}, not an object", "shapes")
     for name, spec in shapes.items():
-        where = f"shapes[{name!r}]"
+        where = f"shapes[{str(name)[:80]!r}]"
         if exposed is not None and name not in exposed:
             raise _fail(f"a shape for '{str(name)[:80]}', which no debug run exposes", where)
         if not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str) or not isinstance(
