@@ -123,7 +123,9 @@ class ExportRecipe:
 
     ``aten_transform_passes``: callables ``(method_name, exported_program) -> exported_program`` run after
     ``torch.export``. ``pipeline_stages``: the stages to run (default: chosen from the input model type).
-    ``strict``: passed to ``torch.export.export`` (``False``, torch's default, unless set).
+    ``strict``: passed to ``torch.export.export`` (``False``, torch's default, unless set; a non-strict export
+    that would freeze module buffers reached through Python objects, e.g. a Hugging Face ``StaticCache``, is
+    redone with ``strict=True``: ``export/_capture.py``).
     ``executorch_backend_config``: an ``edgetorch.exir.ExecutorchBackendConfig``.
     """
 
