@@ -199,3 +199,20 @@ def test_pt2e_quantize_and_dequantize_per_tensor_direct(scale: float, zero_point
     assert direct_functional(qd.quantize_per_tensor.default, [x.double(), *args[1:]], {}, q) is None
     assert direct_functional(qd.dequantize_per_tensor.default, [want, scale, zero_point, qmin, qmax, dtype],
                              {"out_dtype": torch.bfloat16}, f) is None
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_into_its_own_buffer_runs_in_place(accumulate: bool) -> None:
+    """A KV-cache update (``index_put.out`` whose ``out`` is its ``self``) runs as ``index_put_``: the same
+    values, the same storage, and no whole-buffer clone."""
+    g = torch.Generator().manual_seed(9)
+    cache = torch.randn(1, 4, 16, 8, generator=g)
+    values, slots = torch.randn(1, 4, 3, 8, generator=g), torch.tensor([2, 5, 11])
+    want = aten.index_put.default(cache, [None, None, slots], values, accumulate)
+    call = direct_kernel(aten.index_put.out, [cache, [None, None, slots], values, accumulate], {"out": cache})
+    assert call is not None
+    ptr = cache.data_ptr()
+    call()
+    assert _bits_equal(cache, want) and cache.data_ptr() == ptr
+    other = torch.empty_like(cache)  # a different out: the op's own out variant (None: the caller binds it)
+    assert direct_kernel(aten.index_put.out, [cache, [None, None, slots], values, accumulate], {"out": other}) is None

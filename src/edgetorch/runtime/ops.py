@@ -209,11 +209,27 @@ def _clone(pos: list, kw: dict) -> Callable[[], Any] | None:
     return functools.partial(out.copy_, x)
 
 
+def _index_put(pos: list, kw: dict) -> Callable[[], Any] | None:
+    """``index_put.out`` writing into its own ``self`` (a KV-cache update the emitter planned in place) ->
+    ``self.index_put_(...)``: the autogen out variant clones the whole buffer, puts, then copies it back (two
+    full-cache copies per update); in place, only the written slots move. Same result: ``out`` is ``self``."""
+    if len(pos) not in (3, 4):
+        return None
+    x, indices, values, accumulate = (*pos, False)[:4]
+    out = kw.get("out")
+    if (not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or x.is_quantized
+            or x.data_ptr() != out.data_ptr() or x.shape != out.shape or x.stride() != out.stride()
+            or x.dtype != out.dtype or "accumulate" in kw):
+        return None
+    return functools.partial(_aten.index_put_.default, out, list(indices), values, bool(accumulate))
+
+
 _DIRECT: dict[Any, Callable[[list, dict], Callable[[], Any] | None]] = {
     _BN_NO_TRAINING_OUT: _batch_norm_no_training,
     _CONVOLUTION_OUT: _convolution,
     _aten.relu.out: _relu,
     _aten.clone.out: _clone,
+    _aten.index_put.out: _index_put,
 }
 
 
