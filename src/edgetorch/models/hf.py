@@ -13,9 +13,10 @@ Calling convention (same as :mod:`edgetorch.models.llama`):
 HF's wrapper only reads ``cache_position[0]``: the ``T`` tokens are written at
 ``cache_position[0] + arange(T)``, so the positions must be contiguous.
 
-Export needs ``strict=True`` (TorchDynamo): with ``strict=False`` the cache
-tensors, reached through the Python ``StaticCache`` object rather than the module
-attributes, are lifted as *constants* and ``run_decompositions()`` fails.
+A raw ``torch.export`` needs ``strict=True`` (TorchDynamo): with ``strict=False`` the
+cache tensors, reached through the Python ``StaticCache`` object rather than the
+module attributes, are lifted as *constants* and ``run_decompositions()`` fails.
+``edgetorch.export`` sessions detect this and export again strictly (logged).
 ``transformers`` is imported lazily; it is an optional (test) dependency.
 """
 
