@@ -168,9 +168,40 @@ static void gemv_row_avx512(const float *x, int64_t rows, const uint8_t *w, cons
 }
 #endif
 
+#ifdef Q4_AVX512
+/* One row of x, four weight rows at a time (shared activation loads, four independent chains). */
+static void gemv4_f32_m1(const float *x, const uint8_t *w, const uint16_t *s, int64_t k, int64_t group,
+                         float *y) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    chunk_scales cs = chunk_scales_start(group);
+    for (int64_t k0 = 0; k0 < k; k0 += 32) {
+        const __m512 x0 = _mm512_loadu_ps(x + k0), x1 = _mm512_loadu_ps(x + k0 + 16);
+        const int64_t si = chunk_scales_next(&cs);
+        for (int j = 0; j < 4; j++) {
+            __m512 a, c;
+            unpack32(w + j * (k / 2) + k0 / 2, &a, &c);
+            const __m512 part = _mm512_fmadd_ps(x1, c, _mm512_mul_ps(x0, a));
+            acc[j] = _mm512_fmadd_ps(part, _mm512_set1_ps(bf16_to_f32(s[j * (k / group) + si])), acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) y[j] = _mm512_reduce_add_ps(acc[j]);
+}
+#endif
+
 void q4_gemv_f32(const float *x, int64_t rows, const uint8_t *w, const uint16_t *s, int64_t n, int64_t k,
                  int64_t group, float *y, int threads) {
     const int fast = (k % 32 == 0) && (group % 32 == 0);
+#ifdef Q4_AVX512
+    if (fast && rows == 1) {
+        const int64_t quads = n / 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t q = 0; q < quads; q++)
+            gemv4_f32_m1(x, w + 4 * q * (k / 2), s + 4 * q * (k / group), k, group, y + 4 * q);
+        for (int64_t r = 4 * quads; r < n; r++)
+            gemv_row_avx512(x, 1, w + r * (k / 2), s + r * (k / group), k, group, y + r, n);
+        return;
+    }
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++) {
         const uint8_t *wr = w + r * (k / 2);
@@ -307,9 +338,46 @@ static void gemv_row_vnni(const uint8_t *xu, int64_t rows, const float *tok_scal
     }
 }
 
+/* One token (decode), four weight rows at a time, groups of 32: the activation loads are shared by the four
+ * rows and their four dependency chains overlap; the 4 scales of a 128-column block are one 8-byte load. */
+static void gemv4_vnni_g32(const uint8_t *xu, float tok_scale, float zp128, const uint8_t *w, const uint16_t *s,
+                           int64_t k, float *y) {
+    const __m512i mask = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8), ones = _mm512_set1_epi8(1);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512 zp = _mm512_set1_ps(zp128);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t k0 = 0; k0 < k; k0 += 128) {
+        const __m512i xl = _mm512_loadu_si512((const void *)(xu + k0));
+        const __m512i xh = _mm512_loadu_si512((const void *)(xu + k0 + 64));
+        for (int j = 0; j < 4; j++) {
+            const __m512i b = _mm512_loadu_si512((const void *)(w + j * (k / 2) + k0 / 2));
+            const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(b, mask), eight);
+            const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), mask), eight);
+            const __m512 wsum = _mm512_cvtepi32_ps(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_add_epi8(lo, hi)));
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xl, lo);
+            dot = _mm512_dpbusd_epi32(dot, xh, hi);
+            const __m128i s4 = _mm_slli_epi32(
+                _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)(s + j * (k / 32) + k0 / 32))), 16);
+            const __m512 sv = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_castsi128_ps(s4)));
+            acc[j] = _mm512_fmadd_ps(_mm512_fnmadd_ps(wsum, zp, _mm512_cvtepi32_ps(dot)), sv, acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) y[j] = _mm512_reduce_add_ps(acc[j]) * tok_scale;
+}
+
 /* The 8da4w matrix-vector product from q8_quantize_rows' output; k % 128 == 0 and group % 32 == 0. */
 void q8q4_gemv(const uint8_t *xu, int64_t rows, const float *tok_scale, const float *zp128, const uint8_t *w,
                const uint16_t *s, int64_t n, int64_t k, int64_t group, float *y, int threads) {
+    if (rows == 1 && group == 32) {
+        const int64_t quads = n / 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t q = 0; q < quads; q++)
+            gemv4_vnni_g32(xu, tok_scale[0], zp128[0], w + 4 * q * (k / 2), s + 4 * q * (k / 32), k, y + 4 * q);
+        for (int64_t r = 4 * quads; r < n; r++)
+            gemv_row_vnni(xu, 1, tok_scale, zp128, w + r * (k / 2), s + r * (k / group), k, group, y + r, n);
+        return;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++)
         gemv_row_vnni(xu, rows, tok_scale, zp128, w + r * (k / 2), s + r * (k / group), k, group, y + r, n);
