@@ -151,3 +151,39 @@ def test_without_a_compiler_or_when_disabled_the_torch_kernels_run(monkeypatch):
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
     kernels, why = native._load()
     assert kernels is None and "no C compiler" in why
+
+
+@pytest.fixture(scope="module")
+def linear_8da4w():
+    """A one-Linear program through the 8da4w recipe (groups of 32): its ``linear_q4`` runs the native kernels."""
+    from edgetorch.export import ExportRecipe, PortableRecipeType, export
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64)).eval()
+    x = torch.randn(1, 256)
+    session = export(model, [(x,)], ExportRecipe.get_recipe(
+        PortableRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR, group_size=32))
+    return session.get_executorch_program_manager().buffer, x
+
+
+@pytest.mark.parametrize("group", [16, 64, 0, -32])
+def test_a_program_whose_group_size_disagrees_with_its_scales_is_refused(linear_8da4w, group):
+    """An attacker's edit (decode, change the group size, re-encode with a valid hash): the scales then describe
+    fewer or more groups than the kernel would read. The run stops with a typed error naming the op and the
+    argument, never a read past the scales' bytes."""
+    from edgetorch.errors import KernelError
+    from edgetorch.formats import program as pf
+    from edgetorch.runtime import Runtime
+    from tests.fuzz.pte_edit import add_value, edit
+
+    data, x = linear_8da4w
+
+    def mutate(prog: pf.ProgramDef) -> None:
+        p = prog.plans[0]
+        c = next(i.call for i in p.instructions if isinstance(i.call, pf.KernelCallDef)
+                 and p.operators[i.call.op_index].name == "edgetorch::linear_q4")
+        c.args[4] = add_value(p, group)
+
+    method = Runtime.get().load_program(edit(data, mutate)).load_method("forward")
+    with pytest.raises(KernelError, match=r"linear_q4.*(scales must be|does not divide)"):
+        method.execute(x)

@@ -246,7 +246,7 @@ def _native_q4(kernels: native.NativeKernels, x: torch.Tensor, weight: torch.Ten
     """The GEMM result and the per-token scale still to apply, from the native kernels; ``None`` where they do
     not apply (an odd group, a NaN or infinity in 8-bit activations: the torch path propagates those)."""
     n, k = weight.shape[0], weight.shape[1] * 2
-    if group_size % 2 or not weight.is_contiguous():
+    if group_size % 2 or not weight.is_contiguous() or n == 0 or k == 0:
         return None
     x2 = x.reshape(-1, k).float().contiguous()
     rows, threads = x2.shape[0], torch.get_num_threads()

@@ -226,7 +226,7 @@ void q4_gemv_f32(const float *x, int64_t rows, const uint8_t *w, const uint16_t 
  * or an infinity (the caller then uses the float path, which propagates them as torchao does). */
 /* One row's min and max; 1 when it holds a NaN or an infinity. */
 static int row_min_max(const float *xm, int64_t k, float *mn_out, float *mx_out) {
-    float mn = xm[0], mx = xm[0];
+    float mn = INFINITY, mx = -INFINITY; /* no read outside the row, even for k == 0 (Python never passes it) */
     int bad = 0;
     for (int64_t i = 0; i < k; i++) {
         const float v = xm[i];
