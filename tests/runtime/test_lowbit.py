@@ -110,6 +110,14 @@ def test_out_variant_writes_the_functional_result(bits, kernel_path):
         want = torch.ops.edgetorch.linear_q4(x, low.weight, low.scales, low.bias, low.group_size, low.act_quant)
         torch.ops.edgetorch.linear_q4.out(x, low.weight, low.scales, low.bias, low.group_size, low.act_quant,
                                           out=out)
+        from edgetorch.runtime.ops import direct_kernel  # the runtime's call, bound past the dispatcher
+
+        direct_out = torch.full((3, 96), float("nan"))
+        call = direct_kernel(torch.ops.edgetorch.linear_q4.out, [x, low.weight, low.scales, low.bias,
+                                                                 low.group_size, low.act_quant], {"out": direct_out})
+        assert call is not None
+        call()
+        assert torch.equal(direct_out, want)
     else:
         s = low.scales
         want = torch.ops.edgetorch.linear_q8(x, low.weight, s, low.bias, low.act_quant)

@@ -260,6 +260,12 @@ def _public(op: torch._ops.OpOverload, pos: list, kw: dict) -> Callable[[], Any]
     return functools.partial(fn, *pos, **kw)
 
 
+def register_direct_kernel(op: torch._ops.OpOverload, make: Callable[[list, dict], Callable[[], Any] | None]) -> None:
+    """Binds ``op``'s calls to ``make(pos, kw)`` (a call computing the op itself, or None to keep ``op``): for the
+    runtime's own kernels written in Python, whose dispatch through torch costs more than their work."""
+    _DIRECT[op] = make
+
+
 def direct_kernel(op: torch._ops.OpOverload, pos: list, kw: dict) -> Callable[[], Any] | None:
     """A quicker call computing ``op(*pos, **kw)`` (a real out kernel in place of an autogen variant's compute
     and copy, or torch's Python binding of the same overload), or None: the caller binds ``op`` itself."""

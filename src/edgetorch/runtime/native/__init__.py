@@ -54,6 +54,9 @@ class NativeKernels:
         self.q8q4_gemv = lib.q8q4_gemv
         self.q8q4_gemv.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, c_int]
         self.q8q4_gemv.restype = None
+        self.q8q4_linear = lib.q8q4_linear
+        self.q8q4_linear.argtypes = [ptr, i64, i64, ptr, ptr, i64, i64, ptr, c_int]
+        self.q8q4_linear.restype = c_int
         self.has_avx512 = bool(lib.q4_has_avx512())
         self.has_vnni = bool(lib.q8_has_vnni())
 

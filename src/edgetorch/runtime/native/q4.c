@@ -9,6 +9,7 @@
  * they share torch's thread pool instead of starting a second one.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -382,8 +383,27 @@ void q8q4_gemv(const uint8_t *xu, int64_t rows, const float *tok_scale, const fl
     for (int64_t r = 0; r < n; r++)
         gemv_row_vnni(xu, rows, tok_scale, zp128, w + r * (k / 2), s + r * (k / group), k, group, y + r, n);
 }
+/* q8_quantize_rows then q8q4_gemv in one call (one crossing from Python per linear); 1 when a row holds a NaN
+ * or an infinity (nothing written), 2 when the scratch cannot be allocated. */
+int q8q4_linear(const float *x, int64_t rows, int64_t k, const uint8_t *w, const uint16_t *s, int64_t n,
+                int64_t group, float *y, int threads) {
+    uint8_t *xu = (uint8_t *)malloc((size_t)(rows * k) + 2 * sizeof(float) * (size_t)rows + 64);
+    if (!xu) return 2;
+    float *tok_scale = (float *)(((uintptr_t)(xu + rows * k) + 63) & ~(uintptr_t)63);
+    float *zp128 = tok_scale + rows;
+    int bad = q8_quantize_rows(x, rows, k, xu, tok_scale, zp128);
+    if (!bad) q8q4_gemv(xu, rows, tok_scale, zp128, w, s, n, k, group, y, threads);
+    free(xu);
+    return bad;
+}
 #else
 int q8_has_vnni(void) { return 0; }
+
+int q8q4_linear(const float *x, int64_t rows, int64_t k, const uint8_t *w, const uint16_t *s, int64_t n,
+                int64_t group, float *y, int threads) {
+    (void)x; (void)rows; (void)k; (void)w; (void)s; (void)n; (void)group; (void)y; (void)threads;
+    return 3;
+}
 
 void q8q4_gemv(const uint8_t *xu, int64_t rows, const float *tok_scale, const float *zp128, const uint8_t *w,
                const uint16_t *s, int64_t n, int64_t k, int64_t group, float *y, int threads) {
