@@ -104,7 +104,7 @@ static void dequant_row_avx512(const uint8_t *w, const uint16_t *s, int64_t k, i
 }
 #endif
 
-/* The weight rows [n0, n1) in bfloat16 bits, out[(n - n0) * k + k'] = bf16((q - 8) * s): the same bits as
+/* The weight in bfloat16 bits, out[r * k + c] = bf16(q[r, c] * s[r, c / group]): the same bits as
  * torch's (nibble.to(bf16) - 8) * scale in bfloat16 arithmetic (the product is exact in float32). */
 void q4_dequant_bf16(const uint8_t *w, const uint16_t *s, int64_t n, int64_t k, int64_t group, uint16_t *out,
                      int threads) {
