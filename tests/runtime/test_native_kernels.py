@@ -187,3 +187,19 @@ def test_a_program_whose_group_size_disagrees_with_its_scales_is_refused(linear_
     method = Runtime.get().load_program(edit(data, mutate)).load_method("forward")
     with pytest.raises(KernelError, match=r"linear_q4.*(scales must be|does not divide)"):
         method.execute(x)
+
+
+def test_the_native_path_keeps_no_second_copy_of_any_weight(monkeypatch):
+    """Decode and prefill on the native kernels leave no cached layout behind (the torch-only path caches
+    ``_weight_int4pack_mm_for_cpu``'s own copy of each weight: resident memory 1.4-1.5x the program)."""
+    monkeypatch.setattr(lowbit, "_CACHE", {})
+    packed, scales, dense = _weights(64, 256, 32, 6)
+    for rows in (1, 3, 12):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+        y = torch.ops.edgetorch.linear_q4(x, packed, scales, None, 32, True)
+        want = lowbit.fake_quant_per_token(x).double() @ dense.t()
+        assert float((y.double() - want).abs().max() / want.abs().max()) < 2e-2
+    assert lowbit._CACHE == {}
+    monkeypatch.setattr(native, "kernels", lambda: None)
+    torch.ops.edgetorch.linear_q4(torch.randn(1, 256), packed, scales, None, 32, True)
+    assert len(lowbit._CACHE) == 1  # the check above would see a cached copy
