@@ -20,7 +20,12 @@ Sites cycle over q/k/v/o/gate/up/down (zoo: wq/wk/wv/wo/w1/w3/w2) and both decod
 ``top1``: the fix's ranking of the baseline program (the layers whose own error is abnormal first, then mean logit
 share, from ``Inspector.quantized_generation_table``) names the planted layer first; ``abnormal``: the layers the
 table flags (``attrs["abnormal"]``: own SQNR, the quantized op on the float model's own input, far below the
-other layers'). ``fixed``: a re-export restored agreement over the 32 tokens; ``reexports``: how many it took.
+other layers'). ``fixed``: a re-export restored agreement over the 32 tokens (the strict count: every greedy
+token equal to the float model's); ``reexports``: how many it took; ``kept``: how many layers each export keeps
+at int8 / in float; ``near_tie``: beside it, never instead, each export's ``near_tie_agreement`` (a step whose
+float top-2 margin is below the program's RMS logit error also counts); ``float margin``: the float model's
+smallest top-2 margin in logit standard deviations, and its step. ``--top`` caps the layers a fix may keep
+(default: no cap, the API's default).
 Per family, the un-planted (clean) model is ranked too: no layer of it may be flagged abnormal (its own SQNRs are
 printed: lowest, median, the abnormal limit).
 
@@ -152,7 +157,7 @@ def _case(base: torch.nn.Module, prompt: torch.Tensor, path: str, seed: int, cle
         model = copy.deepcopy(base)
         cols = plant(model, path, factor, magnitude, seed)
         r = find_generation_fix(model, prompt, PortableRecipeType.TORCHAO_INT8_DYNAMIC_ACT_INT4_WEIGHT_PER_TENSOR,
-                                tokens=args.tokens, max_reexports=args.max_reexports)
+                                tokens=args.tokens, max_reexports=args.max_reexports, top=args.top)
         if r.baseline.agreement < clean:
             break
     fix, b = r.fix_step, r.baseline
@@ -162,7 +167,9 @@ def _case(base: torch.nn.Module, prompt: torch.Tensor, path: str, seed: int, cle
             "own_sqnr_planted": round(own.get(path, math.nan), 1),
             "own_sqnr_median": round(statistics.median(own.values()), 1) if own else None,
             "baseline_agreement": b.agreement, "fixed": r.proven, "reexports": r.reexports,
-            "agreement": [s.agreement for s in r.steps], "fix": r.fix,
+            "agreement": [s.agreement for s in r.steps], "near_tie": [s.near_tie_agreement for s in r.steps],
+            "kept": [len(s.int8) + len(s.float) for s in r.steps], "fix": r.fix,
+            "float_margin_std": round(r.float_margin[0], 3), "float_margin_step": r.float_margin[1],
             "size_ratio": round(fix.size_bytes / b.size_bytes, 3) if fix else None,
             "sqnr": [round(s.logits_sqnr_db, 1) for s in r.steps], "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -197,7 +204,8 @@ def _family_line(family: str, cases: list[dict[str, Any]], clean: dict[str, Any]
     fixed = [c for c in hurt if c["fixed"]]
     re = [c["reexports"] for c in fixed]
     return (f"{family}: planted {len(cases)}, effective {len(hurt)}; planted named first "
-            f"{sum(c['top1'] for c in hurt)}/{len(hurt)}, agreement restored {len(fixed)}/{len(hurt)}, max "
+            f"{sum(c['top1'] for c in hurt)}/{len(hurt)}, agreement restored {len(fixed)}/{len(hurt)} (keeping <= 8 "
+            f"layers {sum(c['kept'][-1] <= 8 for c in fixed)}), max "
             f"re-exports {max(re, default=0)} ({sorted(re)}); clean model: {clean['agreement']}/32 agree, "
             f"abnormal {clean['abnormal'] or 'none'}, lowest own SQNR {clean['lowest'][1]} dB "
             f"({clean['lowest'][0]}), median {clean['median']} dB, abnormal below {clean['limit']} dB")
@@ -209,6 +217,7 @@ def main() -> None:
     p.add_argument("--plants", type=int, default=8, help="plants per family")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--max-reexports", type=int, default=4)
+    p.add_argument("--top", type=int, default=None, help="most layers a fix may keep (default: no limit)")
     p.add_argument("--train-steps", type=int, default=600)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -229,7 +238,9 @@ def main() -> None:
             print(f"  {family} {path} x{c['factor']}: {'effective' if c['effective'] else 'NOT effective'}, "
                   f"baseline {c['baseline_agreement']}/{args.tokens}, own SQNR {c['own_sqnr_planted']} dB (median "
                   f"{c['own_sqnr_median']}), abnormal {c['abnormal']}, ranked {c['ranked']}, top1 {c['top1']}, "
-                  f"fixed {c['fixed']} in {c['reexports']} re-export(s) {c['fix']} agreement {c['agreement']}, "
+                  f"fixed {c['fixed']} in {c['reexports']} re-export(s) {c['fix']} agreement {c['agreement']} "
+                  f"(near ties counted {c['near_tie']}), kept {c['kept']}, float margin {c['float_margin_std']} std "
+                  f"at step {c['float_margin_step']}, "
                   f"size x{c['size_ratio']}, SQNR {c['sqnr']} dB, {c['seconds']} s", flush=True)
         out[family] = {"clean": clean, "cases": cases}
         lines.append(_family_line(family, cases, clean))
@@ -241,7 +252,9 @@ def main() -> None:
         print(f"summary: {len(every)} plants over {len(out)} families, {len(hurt)} effective: planted named first "
               f"{sum(c['top1'] for c in hurt)}/{len(hurt)} ({sum(c['top1'] for c in hurt) / len(hurt):.0%}), "
               f"agreement over {args.tokens} tokens restored {len(fixed)}/{len(hurt)} "
-              f"({len(fixed) / len(hurt):.0%}), max re-exports {max((c['reexports'] for c in fixed), default=0)} "
+              f"({len(fixed) / len(hurt):.0%}; keeping <= 8 layers {sum(c['kept'][-1] <= 8 for c in fixed)}, "
+              f"{sum(max(c['near_tie']) == args.tokens for c in hurt)}/{len(hurt)} counting near ties), "
+              f"max re-exports {max((c['reexports'] for c in fixed), default=0)} "
               f"(budget {args.max_reexports}); clean models flagged abnormal: "
               f"{sum(bool(f['clean']['abnormal']) for f in out.values())}/{len(out)}")
     if args.json:

@@ -179,9 +179,98 @@ def test_ranking_puts_the_abnormal_layer_before_its_downstream_victim():
     assert abnormal_layers(clean) == []
     assert abnormal_layers(pd.Series({"a": 1.0, "b": 20.0})) == []  # too few layers to judge
     # the fix: the abnormal layer goes to float at once (its outliers ruin int8 per-channel scales too), the
-    # next worst to int8; an int8 layer still ranked worst goes to float
+    # next worst to int8; kept layers stay kept (cumulative sets), within top
     from edgetorch.workflows.generation_fix import _next_kept
 
     assert _next_kept(["v", "o", "output"], [], [], "int8", 2, 8, ["v"]) == (["o"], ["v"])
-    assert _next_kept(["o", "output"], ["o"], ["v"], "int8", 1, 8, []) == ([], ["v", "o"])
+    assert _next_kept(["o", "output", "q"], ["o"], ["v"], "int8", 1, 8, []) == (["o", "output"], ["v"])
+    assert _next_kept(["o", "output", "q"], ["o"], ["v"], "float", None, None, []) == (["o"], ["v", "output", "q"])
+    assert _next_kept(["o", "output", "q"], ["o"], ["v"], "int8", None, 3, []) == (["o", "output"], ["v"])
     assert _next_kept(["o"], [], [], "int8", 1, 0, []) is None  # nothing left within top
+    assert _next_kept(["o"], ["o"], [], "int8", 1, None, []) is None  # nothing left to add
+
+
+LAYERS = ["a", "b", "c", "d", "e", "f", "g", "h"]
+
+
+def _fake_search(monkeypatch, agreement, rankings, **kwargs):
+    """find_generation_fix with exporting and measuring replaced: ``agreement(int8, float)`` gives each program's
+    agreement (its logits SQNR grows with the layers kept), ``rankings[reexport]`` its ranking."""
+    from edgetorch.workflows import generation_fix as gf
+
+    calls = []
+
+    def step(model, prompt, ref, recipe_type, options, export_args, reexport, int8, flt, rank):
+        calls.append((list(int8), list(flt), rank))
+        agree = agreement(set(int8), set(flt))
+        s = gf.GenerationStep(reexport, list(int8), list(flt), agree, TOKENS, 10.0 + len(int8) + 2 * len(flt),
+                              100 + len(int8) + 4 * len(flt), 1.0, near_tie_agreement=agree)
+        if rank and agree < TOKENS:
+            s.ranking = list(rankings[reexport])
+            s.abnormal = ["a"] if reexport == 0 else []
+        return s
+
+    monkeypatch.setattr(gf, "_step", step)
+    monkeypatch.setattr(gf, "_float_reference", lambda m, p, n: (list(range(n)), torch.randn(n, 8)))
+    result = gf.find_generation_fix(torch.nn.Linear(1, 1), torch.zeros(1, 4, dtype=torch.long), RECIPE,
+                                    tokens=TOKENS, method_inputs={}, **kwargs)
+    return result, calls
+
+
+def test_search_keeps_cumulative_sets_and_draws_from_the_best_program(monkeypatch):
+    """The planted (abnormal) layer alone is not enough; the program with two more layers is worse (a near tie
+    flips), so the next step draws from the better first fix's ranking, not the worse program's, and keeps
+    every layer kept so far: agreement is restored at the third re-export, with b..e kept."""
+
+    def agreement(int8, flt):
+        if "a" not in flt:
+            return 3
+        return TOKENS if {"b", "c", "d", "e"} <= int8 else (10 if int8 else 20)
+
+    rankings = {0: LAYERS, 1: ["b", "c", "d", "e", "f", "g", "h"], 2: ["h", "g", "f", "e", "d"]}  # 2: the worse's
+    result, calls = _fake_search(monkeypatch, agreement, rankings)
+    assert [c[:2] for c in calls] == [([], []), ([], ["a"]), (["b", "c"], ["a"]),
+                                      (["b", "c", "d", "e", "f", "g"], ["a"])]  # re-export 2's ranking: no d
+    assert result.proven and result.reexports == 3 and result.fix == {"int8": calls[3][0], "float": ["a"]}
+    assert [s.agreement for s in result.steps] == [3, 20, 10, TOKENS] and result.best is result.steps[3]
+
+
+def test_search_last_step_keeps_every_layer_left_and_reports_the_best(monkeypatch):
+    """No cap: the last re-export the budget allows keeps every ranked layer; a cap (top) bounds it. Without a
+    fix the best program (most agreeing tokens, then SQNR) is reported, not the last."""
+    every = set(LAYERS) - {"a"}
+    result, calls = _fake_search(monkeypatch, lambda i8, f: TOKENS if i8 == every else (12 if i8 else 5),
+                                 {0: LAYERS, 1: LAYERS, 2: LAYERS[::-1]}, max_reexports=3)
+    assert result.proven and set(calls[3][0]) == every and calls[3][2] == 0  # the last export is not ranked
+    assert calls[2][0] == ["b", "c"]
+    result, calls = _fake_search(monkeypatch, lambda i8, f: TOKENS if i8 == every else (12 if "b" in i8 else 5),
+                                 {0: LAYERS, 1: LAYERS, 2: LAYERS}, max_reexports=3, top=4)
+    assert not result.proven and len(calls[3][0]) + len(calls[3][1]) == 4
+    assert result.best is result.steps[3]  # 12 tokens, ties step 2 but a higher SQNR
+    assert "best: re-export 3, 12/32 tokens" in result.summary()
+    with pytest.raises(InspectorError, match="top"):
+        _fake_search(monkeypatch, lambda i8, f: 0, {}, top=0)
+
+
+def test_near_tie_agreement_counts_beside_the_strict_count():
+    """A step whose float top-2 margin is below the program's RMS logit error counts as a near tie; an
+    independent computation of both counts."""
+    import numpy as np
+
+    from edgetorch.workflows.generation_fix import _agreement, near_tie_agreement
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(6, 16, generator=g) * 3
+    ref[2, 5], ref[2, 6] = 20.0, 19.95  # a near tie at step 2
+    ref[4, 7], ref[4, 8] = 20.0, 15.0  # a clear choice at step 4
+    got = ref + 0.2 * torch.randn(6, 16, generator=g)
+    got[2, 6] = got[2, 5] + 0.1  # the program flips the near tie
+    got[4, 8] = got[4, 7] + 0.1  # and the clear choice
+    tokens = ref.argmax(-1).tolist()
+    r, p = ref.numpy().astype(np.float64), got.numpy().astype(np.float64)
+    srt = np.sort(r, -1)
+    margin, rms = srt[:, -1] - srt[:, -2], np.sqrt(((p - r) ** 2).mean(-1))
+    assert margin[2] < rms[2] and margin[4] > rms[4]
+    assert _agreement(got, tokens) == 2
+    assert near_tie_agreement(got, ref, tokens) == 4
+    assert near_tie_agreement(ref, ref, tokens) == 6

@@ -28,14 +28,20 @@ and dynamic shapes are known; pass ``method_inputs`` / ``dynamic_shapes`` for an
    abnormal (``attrs["abnormal"]``) and each layer's mean logit share. The abnormal layers come first (the
    worst own SQNR first: a layer downstream of them merely inherits their error), then the others by mean share
    of the logit error (the error that changes tokens), then by mean own SQNR.
-4. **Fix**, at most ``max_reexports`` exports: the abnormal layers at once (first step), then the worst layer of
-   the last program's ranking, are kept at int8 (an abnormal layer in float at once: the outliers that ruined its
-   int4 group scales ruin its int8 per-channel scales as much)
-   weight-only (``keep="int8"``, the recipe's ``int8_module_paths``: 4x smaller than float) or in float
-   (``keep="float"``, ``exclude_module_paths``); a layer already at int8 that is still ranked worst is moved to
-   float (int8 per output channel cannot absorb every outlier). When agreement did not improve with one more
-   layer, the next step promotes twice as many (at most ``top`` layers kept in all). Each re-export is ranked again.
-   The first program whose tokens all agree is the fix (``proven``).
+4. **Fix**, at most ``max_reexports`` exports, each keeping every layer the previous ones kept (cumulative sets:
+   agreement is not monotone in the layers kept, a near tie of the float model flips either way, so the search
+   never trades a kept layer for another). The first export keeps the abnormal layers in float (the outliers that
+   ruined their int4 group scales ruin int8 per-channel scales as much), or, when none is abnormal, the worst
+   layer at ``keep``; each later export adds the next worst layers of the best program so far (its own ranking,
+   layers not kept yet), twice as many each time (2, 4, ...), at int8 weight-only (``keep="int8"``, the
+   recipe's ``int8_module_paths``: 4x smaller than float) or in float (``keep="float"``,
+   ``exclude_module_paths``); the last export the budget allows keeps every layer left within ``top`` (None: every
+   quantized layer). The best program so far is the one with the most agreeing tokens, then the higher logits
+   SQNR. The first program whose tokens all agree is the fix (``proven``); without one, ``best`` is reported.
+
+``near_tie_agreement`` is reported beside ``agreement``, never instead of it: the leading steps whose greedy token
+equals the float model's or whose float top-2 margin is below the program's RMS logit error at that step (the
+float model's own choice is within the program's noise there: a near tie). ``proven`` needs the strict count.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from edgetorch.errors import InspectorError, RecipeError
 log = logging.getLogger(__name__)
 
 __all__ = ["GenerationFixResult", "GenerationStep", "find_generation_fix", "llm_export_args", "measure_program",
-           "rank_layers"]
+           "near_tie_agreement", "rank_layers"]
 
 
 @dataclass
@@ -78,6 +84,9 @@ class GenerationStep:
     local_ranking: list[str] = field(default_factory=list)  # by mean own SQNR alone, worst first
     abnormal: list[str] = field(default_factory=list)  # layers whose own quantization error is abnormal
     own_sqnr_db: dict[str, float] = field(default_factory=dict)  # mean own SQNR per layer, worst first
+    #: leading steps that agree or whose float top-2 margin is below the program's RMS logit error there (a near
+    #: tie): beside ``agreement``, never instead of it
+    near_tie_agreement: int = -1
 
     @property
     def restored(self) -> bool:
@@ -115,6 +124,11 @@ class GenerationFixResult:
         return next((s for s in self.steps[1:] if s.restored), None)
 
     @property
+    def best(self) -> GenerationStep:
+        """The first restored program, else the one with the most agreeing tokens, then the higher logits SQNR."""
+        return self.fix_step or max(self.steps, key=lambda s: (s.agreement, s.logits_sqnr_db))
+
+    @property
     def fix(self) -> dict[str, list[str]] | None:
         s = self.fix_step
         return None if s is None else {"int8": list(s.int8), "float": list(s.float)}
@@ -128,6 +142,7 @@ class GenerationFixResult:
         for s in self.steps:
             rows.append({"reexport": s.reexport, "int8": ", ".join(s.int8) or "-", "float": ", ".join(s.float) or "-",
                          "agreement": f"{s.agreement}/{s.tokens}", "restored": s.restored,
+                         "near_tie_agreement": f"{s.near_tie_agreement}/{s.tokens}",
                          "logits_sqnr_db": s.logits_sqnr_db, "size_bytes": s.size_bytes, "decode_ms": s.decode_ms,
                          "worst_layer": s.ranking[0] if s.ranking else "-"})
         return pd.DataFrame(rows)
@@ -141,11 +156,13 @@ class GenerationFixResult:
             return head + ": already in agreement, nothing to fix"
         s = self.fix_step
         if s is None:
-            last = self.steps[-1]
+            best = self.best
             margin, at = self.float_margin
-            return head + (f": no fix within the re-export budget (best {max(x.agreement for x in self.steps)}/"
-                           f"{b.tokens} tokens; last kept int8 {last.int8 or '-'}, float {last.float or '-'}; the "
-                           f"float model's own choice at step {at} leads by {margin:.3f} logit std)")
+            return head + (f": no fix within the re-export budget (best: re-export {best.reexport}, "
+                           f"{best.agreement}/{b.tokens} tokens, {best.near_tie_agreement}/{b.tokens} counting the "
+                           f"float model's near ties, logits SQNR {best.logits_sqnr_db:.1f} dB, kept int8 "
+                           f"{best.int8 or '-'}, float {best.float or '-'}; the float model's own choice at step "
+                           f"{at} leads by {margin:.3f} logit std)")
         kept = ([f"{', '.join(s.int8)} at int8"] if s.int8 else []) + ([f"{', '.join(s.float)} in float"]
                                                                         if s.float else [])
         return (f"{head}: keep {' and '.join(kept)} -> {s.agreement}/{s.tokens} tokens agree (proven), logits "
@@ -227,6 +244,19 @@ def _agreement(logits: torch.Tensor, float_tokens: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(greedy, float_tokens)) if a != b), len(float_tokens))
 
 
+def near_tie_agreement(logits: torch.Tensor, float_logits: torch.Tensor, float_tokens: list[int]) -> int:
+    """The leading steps whose greedy token equals the float model's, or whose float top-2 margin is below the
+    program's RMS logit error at that step (the float model's own choice lies within the program's noise there).
+    Reported beside :func:`_agreement`'s strict count, never instead of it."""
+    ref, got = float_logits.double(), logits.double()
+    top = ref.topk(2, -1).values if ref.shape[-1] >= 2 else ref.new_full((ref.shape[0], 2), math.inf)
+    margin = top[:, 0] - top[:, 1]
+    rms = (got - ref).pow(2).mean(-1).sqrt()
+    greedy = got.argmax(-1).tolist()
+    return next((i for i, (a, b) in enumerate(zip(greedy, float_tokens)) if a != b and not margin[i] < rms[i]),
+                len(float_tokens))
+
+
 def _sqnr(ref: torch.Tensor, got: torch.Tensor) -> float:
     noise = float((ref.double() - got.double()).pow(2).sum())
     return math.inf if noise == 0 else 10 * math.log10(float(ref.double().pow(2).sum()) / noise)
@@ -236,6 +266,13 @@ def measure_program(pte: bytes, prompt: torch.Tensor, float_tokens: list[int],
                     float_logits: torch.Tensor) -> tuple[int, float, float]:
     """``(agreement, logits SQNR dB, median decode ms)`` of a prefill + decode program fed the prompt then the
     float model's tokens (see the module docstring)."""
+    agree, _, sqnr, ms = _measure(pte, prompt, float_tokens, float_logits)
+    return agree, sqnr, ms
+
+
+def _measure(pte: bytes, prompt: torch.Tensor, float_tokens: list[int],
+             float_logits: torch.Tensor) -> tuple[int, int, float, float]:
+    """:func:`measure_program` with :func:`near_tie_agreement` second."""
     from edgetorch.runtime import Runtime
 
     prog = Runtime.get().load_program(pte)
@@ -243,7 +280,8 @@ def measure_program(pte: bytes, prompt: torch.Tensor, float_tokens: list[int],
     logits = _forced(prog.load_method("prefill").execute, prog.load_method("decode").execute, prompt,
                      float_tokens, times)
     ms = 1000 * statistics.median(times) if times else math.nan
-    return _agreement(logits, float_tokens), _sqnr(float_logits, logits), ms
+    return (_agreement(logits, float_tokens), near_tie_agreement(logits, float_logits, float_tokens),
+            _sqnr(float_logits, logits), ms)
 
 
 def rank_layers(et: Any, model: torch.nn.Module, prompt: torch.Tensor,
@@ -284,31 +322,22 @@ def _ranking(df: pd.DataFrame) -> list[str]:
 
 
 # -- search -----------------------------------------------------------------------------------------------------
-def _next_kept(ranking: list[str], int8: list[str], flt: list[str], keep: str, width: int,
-               top: int, abnormal: tuple[str, ...] | list[str] = ()) -> tuple[list[str], list[str]] | None:
-    """The layers kept after the next step: the ``width`` worst layers of ``ranking`` not in float yet are each
-    promoted (quantized -> int8, or float when ``keep="float"``; int8 -> float); an ``abnormal`` layer goes to
-    float at once (the outliers that ruined its int4 group scales ruin its int8 per-channel scales as much)."""
+def _next_kept(ranking: list[str], int8: list[str], flt: list[str], keep: str, width: int | None,
+               top: int | None, abnormal: tuple[str, ...] | list[str] = ()) -> tuple[list[str], list[str]] | None:
+    """The layers kept after the next step: every layer kept so far, plus the ``width`` (None: all) worst layers
+    of ``ranking`` not kept yet, within ``top`` kept in all (None: no limit), each at int8 (``keep="int8"``) or in
+    float; an ``abnormal`` layer goes to float (the outliers that ruined its int4 group scales ruin its int8
+    per-channel scales as much). None when no layer is left to add."""
     int8, flt = list(int8), list(flt)
-    moved = 0
+    added = 0
     for p in ranking:
-        if moved == width:
+        if (width is not None and added == width) or (top is not None and len(int8) + len(flt) >= top):
             break
-        if p in flt:
+        if p in flt or p in int8:
             continue
-        if p in int8:
-            int8.remove(p)
-            flt.append(p)
-        elif len(int8) + len(flt) >= top:
-            continue
-        elif p in abnormal:
-            flt.append(p)
-        elif keep == "int8":
-            int8.append(p)
-        else:
-            flt.append(p)
-        moved += 1
-    return (int8, flt) if moved else None
+        (flt if p in abnormal or keep == "float" else int8).append(p)
+        added += 1
+    return (int8, flt) if added else None
 
 
 def _options(options: dict[str, Any], int8: list[str], flt: list[str]) -> dict[str, Any]:
@@ -322,8 +351,9 @@ def _step(model: torch.nn.Module, prompt: torch.Tensor, ref: tuple[list[int], to
           options: dict[str, Any], export_args: tuple, reexport: int, int8: list[str], flt: list[str],
           rank: int) -> GenerationStep:
     et = _export(model, recipe_type, _options(options, int8, flt), export_args, etrecord=bool(rank))
-    agree, sqnr, ms = measure_program(et.buffer, prompt, *ref)
-    step = GenerationStep(reexport, list(int8), list(flt), agree, len(ref[0]), sqnr, len(et.buffer), ms)
+    agree, near, sqnr, ms = _measure(et.buffer, prompt, *ref)
+    step = GenerationStep(reexport, list(int8), list(flt), agree, len(ref[0]), sqnr, len(et.buffer), ms,
+                          near_tie_agreement=near)
     if rank and not step.restored:
         step.ranking, step.own_sqnr_db, step.abnormal = rank_layers(et, model, prompt, ref[0][:rank])
         step.local_ranking = list(step.own_sqnr_db)
@@ -348,14 +378,17 @@ def _check(recipe_type: Any, tokens: Any, max_reexports: Any, keep: str, prompt:
 
 
 def find_generation_fix(model: torch.nn.Module, prompt: torch.Tensor, recipe_type: Any, tokens: int = 32,
-                        max_reexports: int = 4, keep: str = "int8", top: int = 8, rank_tokens: int = 8,
+                        max_reexports: int = 4, keep: str = "int8", top: int | None = None, rank_tokens: int = 8,
                         method_inputs: dict[str, tuple] | None = None, dynamic_shapes: Any = None,
                         progress: Callable[[str], None] | None = None,
                         **recipe_options: Any) -> GenerationFixResult:
     """Finds and proves the layers to keep at int8 (or float) so that the low-bit program of ``recipe_type``
-    greedily generates the float model's ``tokens`` tokens from ``prompt`` (see the module docstring).
-    ``recipe_options`` go to the recipe (``group_size=``, ...; the layers the caller already keeps stay kept)."""
+    greedily generates the float model's ``tokens`` tokens from ``prompt`` (see the module docstring): at most
+    ``max_reexports`` exports, at most ``top`` layers kept (None: any number). ``recipe_options`` go to the recipe
+    (``group_size=``, ...; the layers the caller already keeps stay kept)."""
     _check(recipe_type, tokens, max_reexports, keep, prompt)
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise InspectorError(f"find_generation_fix: top must be a positive int or None, got {top!r}")
     say = progress or (lambda msg: log.info("%s", msg))
     export_args = (method_inputs, dynamic_shapes, False) if method_inputs is not None else llm_export_args(model)
     model = model.eval()
@@ -370,20 +403,20 @@ def find_generation_fix(model: torch.nn.Module, prompt: torch.Tensor, recipe_typ
         f"responsible: {', '.join(base.ranking[:3]) or '-'}")
     int8: list[str] = []
     flt: list[str] = []
-    width = max(1, len(base.abnormal))  # every layer whose own error is abnormal at once, then the next worst
     while not result.steps[-1].restored and result.reexports < max_reexports:
-        last = result.steps[-1]
-        if len(result.steps) >= 2 and last.agreement <= result.steps[-2].agreement:
-            width *= 2  # one more layer did not help: the next step keeps more at once
-        kept = _next_kept(last.ranking, int8, flt, keep, width, top, last.abnormal)
+        n = result.reexports + 1
+        src = result.best  # the best program so far: its ranking names the next layers to keep
+        last = n == max_reexports
+        width = None if last and n > 1 else (max(1, len(base.abnormal)) if n == 1 else 2 ** (n - 1))
+        kept = _next_kept(src.ranking or base.ranking, int8, flt, keep, width, top, base.abnormal)
         if kept is None:
-            say("no layer left to keep within top=" + str(top))
+            say(f"no layer left to keep (top={top})")
             break
         int8, flt = kept
-        step = _step(model, prompt, ref, recipe_type, recipe_options, export_args, result.reexports + 1, int8, flt,
-                     rank=rank if result.reexports + 1 < max_reexports else 0)
+        step = _step(model, prompt, ref, recipe_type, recipe_options, export_args, n, int8, flt,
+                     rank=0 if last else rank)
         result.steps.append(step)
-        say(f"re-export {step.reexport}: int8 {', '.join(int8) or '-'}; float {', '.join(flt) or '-'} -> "
-            f"{step.agreement}/{tokens} tokens, logits SQNR {step.logits_sqnr_db:.1f} dB, {step.size_bytes} bytes, "
-            f"decode {step.decode_ms:.3f} ms/token")
+        say(f"re-export {n}: int8 {', '.join(int8) or '-'}; float {', '.join(flt) or '-'} -> {step.agreement}/"
+            f"{tokens} tokens ({step.near_tie_agreement} counting the float model's near ties), logits SQNR "
+            f"{step.logits_sqnr_db:.1f} dB, {step.size_bytes} bytes, decode {step.decode_ms:.3f} ms/token")
     return result
