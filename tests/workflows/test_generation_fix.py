@@ -133,7 +133,13 @@ def test_planted_layer_ranked_first_and_fix_restores_agreement():
     assert result.ranking[0] == PLANTED
     assert result.proven and 1 <= result.reexports <= 4, result.to_dataframe().to_string()
     fix = result.fix
-    assert PLANTED in fix["int8"] + fix["float"]
+    assert PLANTED in fix["float"]  # abnormal: in float at once
+    # cumulative: every export keeps what the one before kept; the fix is the first export whose tokens all agree
+    # (here the planted layer alone leaves a near tie of the float model flipped, so a later export restores it)
+    for a, b in zip(result.steps, result.steps[1:]):
+        assert set(a.int8) <= set(b.int8) | set(b.float) and set(a.float) <= set(b.float)
+    assert [s.restored for s in result.steps] == [False] * result.reexports + [True]
+    assert result.best is result.fix_step and result.fix_step.near_tie_agreement == TOKENS
     for path in fix["int8"] + fix["float"]:  # module paths of the model's Linears
         assert isinstance(model.get_submodule(path), torch.nn.Linear)
     # proven independently: the fixed program, re-exported, generates the float model's tokens
@@ -188,6 +194,9 @@ def test_ranking_puts_the_abnormal_layer_before_its_downstream_victim():
     assert _next_kept(["o", "output", "q"], ["o"], ["v"], "int8", None, 3, []) == (["o", "output"], ["v"])
     assert _next_kept(["o"], [], [], "int8", 1, 0, []) is None  # nothing left within top
     assert _next_kept(["o"], ["o"], [], "int8", 1, None, []) is None  # nothing left to add
+    # a layer at int8 whose int8 op is abnormal moves to float, beside the width's new layers
+    assert _next_kept(["o", "q", "k"], ["o"], ["v"], "int8", 1, None, ["o"]) == (["q"], ["v", "o"])
+    assert _next_kept(["o"], ["o"], [], "int8", 1, None, ["o"]) == ([], ["o"])
 
 
 LAYERS = ["a", "b", "c", "d", "e", "f", "g", "h"]

@@ -37,7 +37,9 @@ and dynamic shapes are known; pass ``method_inputs`` / ``dynamic_shapes`` for an
    recipe's ``int8_module_paths``: 4x smaller than float) or in float (``keep="float"``,
    ``exclude_module_paths``); the last export the budget allows keeps every layer left within ``top`` (None: every
    quantized layer). The best program so far is the one with the most agreeing tokens, then the higher logits
-   SQNR. The first program whose tokens all agree is the fix (``proven``); without one, ``best`` is reported.
+   SQNR. A layer kept at int8 that the best program's table flags abnormal (its int8 op: outliers that int8 per
+   channel cannot absorb) moves to float. The first program whose tokens all agree is the fix (``proven``);
+   without one, ``best`` is reported.
 
 ``near_tie_agreement`` is reported beside ``agreement``, never instead of it: the leading steps whose greedy token
 equals the float model's or whose float top-2 margin is below the program's RMS logit error at that step (the
@@ -327,8 +329,10 @@ def _next_kept(ranking: list[str], int8: list[str], flt: list[str], keep: str, w
     """The layers kept after the next step: every layer kept so far, plus the ``width`` (None: all) worst layers
     of ``ranking`` not kept yet, within ``top`` kept in all (None: no limit), each at int8 (``keep="int8"``) or in
     float; an ``abnormal`` layer goes to float (the outliers that ruined its int4 group scales ruin its int8
-    per-channel scales as much). None when no layer is left to add."""
-    int8, flt = list(int8), list(flt)
+    per-channel scales as much), one already at int8 too (its int8 op is abnormal: a layer stays kept, moved up, not
+    counted in ``width``). None when nothing changes."""
+    moved = [p for p in int8 if p in abnormal]
+    int8, flt = [p for p in int8 if p not in moved], list(flt) + moved
     added = 0
     for p in ranking:
         if (width is not None and added == width) or (top is not None and len(int8) + len(flt) >= top):
@@ -337,7 +341,7 @@ def _next_kept(ranking: list[str], int8: list[str], flt: list[str], keep: str, w
             continue
         (flt if p in abnormal or keep == "float" else int8).append(p)
         added += 1
-    return (int8, flt) if added else None
+    return (int8, flt) if added or moved else None
 
 
 def _options(options: dict[str, Any], int8: list[str], flt: list[str]) -> dict[str, Any]:
@@ -408,7 +412,8 @@ def find_generation_fix(model: torch.nn.Module, prompt: torch.Tensor, recipe_typ
         src = result.best  # the best program so far: its ranking names the next layers to keep
         last = n == max_reexports
         width = None if last and n > 1 else (max(1, len(base.abnormal)) if n == 1 else 2 ** (n - 1))
-        kept = _next_kept(src.ranking or base.ranking, int8, flt, keep, width, top, base.abnormal)
+        abnormal = list(dict.fromkeys(base.abnormal + src.abnormal))
+        kept = _next_kept(src.ranking or base.ranking, int8, flt, keep, width, top, abnormal)
         if kept is None:
             say(f"no layer left to keep (top={top})")
             break
