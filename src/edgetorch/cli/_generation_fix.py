@@ -17,6 +17,8 @@ LLMS = ("llama_tiny", "llama_100m", "llama_1b", "hf_llama", "hf_qwen2")
 def _check(args: argparse.Namespace) -> None:
     if args.model not in LLMS:
         raise CliError(f"--model {args.model!r}: a torchao recipe fixes an LLM; choose one of {', '.join(LLMS)}")
+    if args.max_reexports is None:
+        args.max_reexports = 4  # find_generation_fix's default: the budget
     for flag in ("tokens", "prompt_len", "max_reexports", "top"):
         if getattr(args, flag) < 1:
             raise CliError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")

@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest relative L2 error of the final output against the float model (required but with "
                         "a torchao recipe)")
     p.add_argument("--samples", type=int, default=4, help="random inputs shaped as the example inputs (seeded)")
-    p.add_argument("--max-reexports", type=int, default=5, help="re-export budget of the search")
+    p.add_argument("--max-reexports", type=int, default=None,
+                   help="re-export budget of the search (default 5; 4 with a torchao recipe)")
     p.add_argument("--top", type=int, default=8, help="candidates considered, worst first")
     p.add_argument("--outlier", default=None, help="plant a weight outlier in this parameter first")
     p.add_argument("--seed", type=int, default=0)
@@ -90,6 +91,8 @@ def _check(args: argparse.Namespace) -> None:
                        f"choose one of {', '.join(list_models())}")
     if not args.tolerance > 0:
         raise CliError(f"--tolerance must be positive, got {args.tolerance}")
+    if args.max_reexports is None:
+        args.max_reexports = 5
     for flag in ("samples", "max_reexports", "top"):
         if getattr(args, flag) < 1:
             raise CliError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")

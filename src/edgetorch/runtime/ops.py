@@ -16,7 +16,8 @@ from edgetorch.errors import OperatorNotAllowedError, ProgramFormatError
 from edgetorch.formats import program as pf
 from edgetorch.formats.operators import is_allowed
 
-__all__ = ["operator_key", "register_operator", "unregister_operator", "is_operator_allowed", "resolve_operator",
+__all__ = ["operator_key", "register_direct_kernel", "register_operator", "unregister_operator", "is_operator_allowed",
+           "resolve_operator",
            "check_call_kind", "direct_kernel", "direct_functional"]
 
 #: Operator namespaces registered by a Python module rather than by torch's C++ core. The module is imported
