@@ -203,3 +203,20 @@ def test_the_native_path_keeps_no_second_copy_of_any_weight(monkeypatch):
     monkeypatch.setattr(native, "kernels", lambda: None)
     torch.ops.edgetorch.linear_q4(torch.randn(1, 256), packed, scales, None, 32, True)
     assert len(lowbit._CACHE) == 1  # the check above would see a cached copy
+
+
+def test_a_failing_compiler_or_a_shared_cache_folder_falls_back_and_says_why(tmp_path, monkeypatch):
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'q4.c: error: this compiler refuses' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("EDGETORCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(failing))
+    kernels, why = native._load()
+    assert kernels is None and why.startswith("build failed") and "this compiler refuses" in why
+    shared = tmp_path / "shared"
+    (shared / "native").mkdir(parents=True)
+    os.chmod(shared / "native", 0o777)  # others could plant a library there
+    monkeypatch.setenv("EDGETORCH_CACHE_DIR", str(shared))
+    monkeypatch.delenv("CC")
+    kernels, why = native._load()
+    assert kernels is None and "is not private to this user" in why

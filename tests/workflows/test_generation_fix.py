@@ -67,6 +67,9 @@ def test_bad_arguments_raise_typed_errors():
         find_generation_fix(model, prompt[0], RECIPE)
     with pytest.raises(RecipeError, match="method_inputs"):
         find_generation_fix(torch.nn.Linear(2, 2), prompt, RECIPE)
+    for top in (0, True, 2.5):
+        with pytest.raises(InspectorError, match="top must be a positive int or None"):
+            find_generation_fix(model, prompt, RECIPE, top=top)
 
 
 def _fresh_caches(model):
