@@ -268,7 +268,7 @@ def _native_q4(kernels: native.NativeKernels, x: torch.Tensor, weight: torch.Ten
         if kernels.quantize_rows_bf16(x2.data_ptr(), rows, k, centered.data_ptr(), token_scale.data_ptr(), threads):
             return None
         return _dequant_mm(centered, weight, scales, group_size), token_scale
-    s16 = scales if scales.dtype == _BF16 and scales.is_contiguous() else scales.to(_BF16).contiguous()
+    s16 = scales.to(_BF16).contiguous()  # the program's own tensor when it is bf16 already (no copy)
     direct = (out is not None and out.dtype == torch.float32 and out.is_contiguous() and out.numel() == rows * n
               and not _overlap(out, x))
     y = out.view(rows, n) if direct else torch.empty(rows, n)
